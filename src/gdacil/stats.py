@@ -1,0 +1,440 @@
+"""Per-class Gaussian statistics: the currency between backbones, compensators and heads.
+
+:class:`ClassGaussians` keeps, for every class, the sample count ``n``, the mean ``mu`` and the
+centred scatter matrix ``S = sum (x - mu)(x - mu)^T``, in float64. Batches and shards are combined
+with the pairwise update of Chan, Golub and LeVeque (1979)::
+
+    n  = n_a + n_b,   delta = mu_b - mu_a
+    mu = mu_a + delta * n_b / n
+    S  = S_a + S_b + delta delta^T * n_a n_b / n
+
+which never forms raw sums of squares, so merging shards gives the statistics of the whole up to
+round-off, in any order. The covariance is ``S / (n - ddof)``: ``ddof=0`` (the default) is the
+paper's ``1/n``; ``ddof=1`` is the unbiased estimator the reference code uses.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterable, Iterator, Sequence
+
+import torch
+
+from ._validation import as_features, as_labels, check_positive_int
+from .io import load_tensors, save_tensors
+from .linalg import psd_cholesky
+
+__all__ = ["ClassGaussians"]
+
+_FORMAT = "gdacil.ClassGaussians/1"
+_revision_counter = itertools.count(1)
+
+
+def _next_revisions(k: int) -> list[int]:
+    return [next(_revision_counter) for _ in range(k)]
+
+
+class ClassGaussians:
+    """Streaming, mergeable per-class count, mean and covariance in float64.
+
+    Parameters
+    ----------
+    dim : int
+        Feature dimension ``d``.
+    ddof : {0, 1}, default 0
+        Covariance normalisation ``1 / (n - ddof)``. 0 is the paper's maximum-likelihood
+        estimate; 1 is the unbiased estimate of the reference code. A class with ``n <= ddof``
+        has a zero covariance (heads regularise it; see their docs).
+    device : torch.device or str, optional
+        Where the statistics live (default CPU).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from gdacil import ClassGaussians
+    >>> g = torch.Generator().manual_seed(0)
+    >>> X, y = torch.randn(100, 8, generator=g), torch.arange(100) % 4
+    >>> stats = ClassGaussians(8).update(X[:60], y[:60]).update(X[60:], y[60:])
+    >>> stats.classes, stats.counts.tolist()
+    ([0, 1, 2, 3], [25.0, 25.0, 25.0, 25.0])
+    >>> torch.allclose(stats.means[1], X[y == 1].double().mean(0))
+    True
+    """
+
+    def __init__(self, dim: int, *, ddof: int = 0, device: torch.device | str | None = None):
+        self.dim = check_positive_int(dim, "dim")
+        if ddof not in (0, 1):
+            raise ValueError(f"ddof must be 0 (1/n, the paper) or 1 (1/(n-1)); got {ddof!r}")
+        self.ddof = ddof
+        self.device = torch.device(device or "cpu")
+        self._labels: list[int] = []
+        self._index: dict[int, int] = {}
+        self._revisions: list[int] = []
+        self._counts = torch.zeros(0, dtype=torch.float64, device=self.device)
+        self._means = torch.zeros(0, dim, dtype=torch.float64, device=self.device)
+        self._scatters = torch.zeros(0, dim, dim, dtype=torch.float64, device=self.device)
+
+    # ------------------------------------------------------------------ views
+    @property
+    def classes(self) -> list[int]:
+        """Class labels in storage order (the order of every stacked tensor)."""
+        return list(self._labels)
+
+    @property
+    def n_classes(self) -> int:
+        return len(self._labels)
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    def __contains__(self, label) -> bool:
+        return int(label) in self._index
+
+    def __repr__(self) -> str:
+        return f"ClassGaussians(dim={self.dim}, n_classes={self.n_classes}, ddof={self.ddof})"
+
+    @property
+    def counts(self) -> torch.Tensor:
+        """Sample counts, shape ``(C,)``, float64."""
+        return self._counts[: self.n_classes]
+
+    @property
+    def means(self) -> torch.Tensor:
+        """Class means, shape ``(C, d)``, float64."""
+        return self._means[: self.n_classes]
+
+    @property
+    def scatters(self) -> torch.Tensor:
+        """Centred scatter matrices ``sum (x - mu)(x - mu)^T``, shape ``(C, d, d)``."""
+        return self._scatters[: self.n_classes]
+
+    def revision(self, label: int) -> int:
+        """A number that changes whenever the moments of ``label`` change (for caches)."""
+        return self._revisions[self._position(label)]
+
+    def positions(self, labels: Iterable[int]) -> torch.Tensor:
+        """Storage positions of ``labels``; ``KeyError`` names any unknown class."""
+        return torch.tensor([self._position(c) for c in labels], dtype=torch.long)
+
+    def _position(self, label) -> int:
+        try:
+            return self._index[int(label)]
+        except KeyError:
+            raise KeyError(f"unknown class {label!r}; known classes: {self._labels[:20]}"
+                           f"{' ...' if self.n_classes > 20 else ''}") from None
+
+    def covariances(self, labels: Sequence[int] | None = None) -> torch.Tensor:
+        """Covariances ``S / (n - ddof)`` of ``labels`` (all classes by default), ``(k, d, d)``.
+
+        Classes with ``n <= ddof`` get a zero matrix.
+        """
+        if labels is None:
+            S, n = self.scatters, self.counts
+        else:
+            pos = self.positions(labels).to(self.device)
+            S, n = self._scatters.index_select(0, pos), self._counts.index_select(0, pos)
+        denom = n - self.ddof
+        scale = torch.where(denom > 0, 1.0 / denom.clamp_min(1e-300), torch.zeros_like(denom))
+        return S * scale[:, None, None]
+
+    def covariance(self, label: int) -> torch.Tensor:
+        return self.covariances([label])[0]
+
+    def iter_batches(
+        self, batch_size: int = 64, labels: Sequence[int] | None = None
+    ) -> Iterator[tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Yield ``(labels, counts, means, covariances)`` for consecutive blocks of classes.
+
+        Peak memory is one block of ``batch_size`` covariances.
+        """
+        batch_size = check_positive_int(batch_size, "batch_size")
+        labels = self.classes if labels is None else [int(c) for c in labels]
+        for start in range(0, len(labels), batch_size):
+            block = labels[start : start + batch_size]
+            pos = self.positions(block).to(self.device)
+            yield (block, self._counts[pos], self._means[pos], self.covariances(block))
+
+    def average_covariance(self, batch_size: int = 64) -> torch.Tensor:
+        """Unweighted mean of the class covariances, ``Sigma_avg = (1/C) sum_c Sigma_c``.
+
+        Accumulated block by block so only ``batch_size`` covariances are materialised at once.
+        """
+        if self.n_classes == 0:
+            raise ValueError("average_covariance: no classes")
+        total = torch.zeros(self.dim, self.dim, dtype=torch.float64, device=self.device)
+        for _, _, _, covs in self.iter_batches(batch_size):
+            total += covs.sum(0)
+        total /= self.n_classes
+        return 0.5 * (total + total.T)
+
+    # ------------------------------------------------------------- accumulation
+    def update(self, features, labels) -> "ClassGaussians":
+        """Add a batch of samples. New labels become new classes. Returns ``self``."""
+        X = as_features(features, dim=self.dim, dtype=torch.float64, device=self.device)
+        y = as_labels(labels, n=X.shape[0])
+        uniq, inv = torch.unique(y, return_inverse=True)
+        inv = inv.to(self.device)
+        k = uniq.numel()
+        n_b = torch.bincount(inv, minlength=k).to(torch.float64)
+        mu_b = torch.zeros(k, self.dim, dtype=torch.float64, device=self.device)
+        mu_b.index_add_(0, inv, X)
+        mu_b /= n_b[:, None]
+        Xc = X - mu_b[inv]
+        order = torch.argsort(inv, stable=True)
+        S_b = torch.stack([Xc_g.T @ Xc_g for Xc_g in torch.split(Xc[order], n_b.long().tolist())])
+        self._combine(uniq.tolist(), n_b, mu_b, S_b)
+        return self
+
+    def merge(self, other: "ClassGaussians") -> "ClassGaussians":
+        """Fold ``other``'s statistics into ``self`` exactly (per-class Chan merge). Returns ``self``."""
+        if not isinstance(other, ClassGaussians):
+            raise TypeError(f"can only merge ClassGaussians, got {type(other).__name__}")
+        if other.dim != self.dim:
+            raise ValueError(f"cannot merge statistics of dimension {other.dim} into {self.dim}")
+        if other.n_classes:
+            self._combine(
+                other.classes,
+                other.counts.to(self.device),
+                other.means.to(self.device),
+                other.scatters.to(self.device),
+            )
+        return self
+
+    def _combine(self, labels: list[int], n_b, mu_b, S_b) -> None:
+        known = [i for i, c in enumerate(labels) if c in self._index]
+        fresh = [i for i, c in enumerate(labels) if c not in self._index]
+        if known:
+            sel = torch.tensor(known, device=self.device)
+            pos = self.positions([labels[i] for i in known]).to(self.device)
+            n_a, mu_a = self._counts[pos], self._means[pos]
+            nb, mub = n_b[sel], mu_b[sel]
+            n = n_a + nb
+            delta = mub - mu_a
+            self._means[pos] = mu_a + delta * (nb / n)[:, None]
+            outer = delta[:, :, None] * delta[:, None, :]
+            self._scatters[pos] = self._scatters[pos] + S_b[sel] + outer * (n_a * nb / n)[:, None, None]
+            self._counts[pos] = n
+            for i, p in zip(known, pos.tolist()):
+                self._revisions[p] = _next_revisions(1)[0]
+        if fresh:
+            sel = torch.tensor(fresh, device=self.device)
+            self._append([labels[i] for i in fresh], n_b[sel], mu_b[sel], S_b[sel])
+
+    def _append(self, labels: list[int], counts, means, scatters) -> None:
+        dup = [c for c in labels if c in self._index]
+        if dup or len(set(labels)) != len(labels):
+            raise ValueError(f"classes already present or repeated: {sorted(set(dup)) or labels}")
+        C, k = self.n_classes, len(labels)
+        capacity = self._counts.shape[0]
+        if C + k > capacity:
+            new_cap = max(C + k, 2 * capacity, 8)
+            self._counts = _grow(self._counts, new_cap)
+            self._means = _grow(self._means, new_cap)
+            self._scatters = _grow(self._scatters, new_cap)
+        self._counts[C : C + k] = counts
+        self._means[C : C + k] = means
+        self._scatters[C : C + k] = scatters
+        for offset, c in enumerate(labels):
+            self._index[int(c)] = C + offset
+        self._labels.extend(int(c) for c in labels)
+        self._revisions.extend(_next_revisions(k))
+
+    # ------------------------------------------------------- building and editing
+    @classmethod
+    def from_moments(
+        cls,
+        labels: Sequence[int],
+        means,
+        covariances,
+        counts,
+        *,
+        ddof: int = 0,
+        device: torch.device | str | None = None,
+    ) -> "ClassGaussians":
+        """Build statistics from given means ``(C, d)``, covariances ``(C, d, d)`` and counts ``(C,)``.
+
+        Counts are needed so that later updates and merges weigh the classes correctly.
+        """
+        means = as_features(means, name="means", dtype=torch.float64)
+        stats = cls(means.shape[1], ddof=ddof, device=device)
+        stats.add_classes(labels, means, covariances, counts)
+        return stats
+
+    def add_classes(self, labels: Sequence[int], means, covariances, counts) -> "ClassGaussians":
+        """Add new classes from their moments. Returns ``self``."""
+        labels = as_labels(labels, name="labels").tolist()
+        means = as_features(means, dim=self.dim, dtype=torch.float64, device=self.device,
+                            name="means")
+        covs = torch.as_tensor(covariances, dtype=torch.float64).to(self.device)
+        counts = torch.as_tensor(counts, dtype=torch.float64).to(self.device).reshape(-1)
+        k = len(labels)
+        if means.shape[0] != k or covs.shape != (k, self.dim, self.dim) or counts.shape[0] != k:
+            raise ValueError(
+                f"add_classes: expected {k} means (k, {self.dim}), covariances (k, {self.dim}, "
+                f"{self.dim}) and counts (k,); got {tuple(means.shape)}, {tuple(covs.shape)}, "
+                f"{tuple(counts.shape)}"
+            )
+        if not torch.isfinite(covs).all():
+            raise ValueError("add_classes: covariances contain NaN or inf")
+        if not torch.isfinite(counts).all() or (counts <= 0).any():
+            raise ValueError("add_classes: counts must be positive")
+        if (covs - covs.transpose(1, 2)).abs().amax() > 1e-8 * covs.abs().amax().clamp_min(1e-300):
+            raise ValueError("add_classes: covariances are not symmetric")
+        denom = (counts - self.ddof).clamp_min(0.0)
+        self._append(labels, counts, means, covs * denom[:, None, None])
+        return self
+
+    def with_moments(self, labels: Sequence[int], means, covariances) -> "ClassGaussians":
+        """A copy whose ``labels`` have the given means and covariances (counts are kept).
+
+        This is how drift compensators return transformed statistics.
+        """
+        out = self.copy()
+        pos = out.positions(labels).to(self.device)
+        means = as_features(means, dim=self.dim, dtype=torch.float64, device=self.device,
+                            name="means")
+        covs = torch.as_tensor(covariances, dtype=torch.float64).to(self.device)
+        if means.shape[0] != len(pos) or covs.shape != (len(pos), self.dim, self.dim):
+            raise ValueError("with_moments: shapes do not match the number of labels")
+        if not torch.isfinite(covs).all():
+            raise ValueError("with_moments: covariances contain NaN or inf")
+        denom = (out._counts[pos] - self.ddof).clamp_min(0.0)
+        out._means[pos] = means
+        out._scatters[pos] = 0.5 * (covs + covs.transpose(1, 2)) * denom[:, None, None]
+        for p in pos.tolist():
+            out._revisions[p] = _next_revisions(1)[0]
+        return out
+
+    def remove_classes(self, labels: Iterable[int]) -> "ClassGaussians":
+        """Forget ``labels``. Returns ``self``."""
+        drop = set(self.positions(labels).tolist())
+        keep = [i for i in range(self.n_classes) if i not in drop]
+        self._keep(keep)
+        return self
+
+    def subset(self, labels: Sequence[int]) -> "ClassGaussians":
+        """A new object holding only ``labels`` (in that order)."""
+        out = self.copy()
+        out._keep(out.positions(labels).tolist())
+        return out
+
+    def _keep(self, keep: list[int]) -> None:
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+        self._counts = self._counts.index_select(0, idx)
+        self._means = self._means.index_select(0, idx)
+        self._scatters = self._scatters.index_select(0, idx)
+        self._labels = [self._labels[i] for i in keep]
+        self._revisions = [self._revisions[i] for i in keep]
+        self._index = {c: i for i, c in enumerate(self._labels)}
+
+    def copy(self) -> "ClassGaussians":
+        out = ClassGaussians(self.dim, ddof=self.ddof, device=self.device)
+        out._labels = list(self._labels)
+        out._index = dict(self._index)
+        out._revisions = list(self._revisions)
+        out._counts = self.counts.clone()
+        out._means = self.means.clone()
+        out._scatters = self.scatters.clone()
+        return out
+
+    def to(self, device: torch.device | str) -> "ClassGaussians":
+        out = self.copy()
+        out.device = torch.device(device)
+        out._counts, out._means, out._scatters = (
+            t.to(out.device) for t in (out._counts, out._means, out._scatters)
+        )
+        return out
+
+    # ----------------------------------------------------------------- sampling
+    def sample(
+        self,
+        n_per_class: int,
+        *,
+        generator: torch.Generator,
+        labels: Sequence[int] | None = None,
+        noise: torch.Tensor | None = None,
+        batch_size: int = 64,
+        dtype: torch.dtype = torch.float64,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draw ``n_per_class`` samples from ``N(mu_c, Sigma_c)`` for every class in ``labels``.
+
+        Parameters
+        ----------
+        generator : torch.Generator
+            Required, so that every draw is reproducible.
+        noise : tensor of shape ``(n_per_class, d)``, optional
+            Standard-normal noise shared by every class (common random numbers). Drawn from
+            ``generator`` per class when omitted.
+
+        Returns
+        -------
+        X : tensor ``(k * n_per_class, d)`` and y : int64 tensor of labels, grouped by class.
+        """
+        if not isinstance(generator, torch.Generator):
+            raise TypeError("sample() needs an explicit torch.Generator (seeded) for reproducibility")
+        n = check_positive_int(n_per_class, "n_per_class")
+        if noise is not None and tuple(noise.shape) != (n, self.dim):
+            raise ValueError(f"noise must have shape ({n}, {self.dim}); got {tuple(noise.shape)}")
+        xs, ys = [], []
+        for block, _, mu, cov in self.iter_batches(batch_size, labels):
+            L = psd_cholesky(cov, name="class covariance (sampling)")
+            if noise is None:
+                E = torch.randn((len(block), n, self.dim), dtype=torch.float64, generator=generator)
+            else:
+                E = noise.to(torch.float64).cpu().expand(len(block), n, self.dim)
+            E = E.to(self.device)
+            xs.append((mu[:, None, :] + E @ L.transpose(1, 2)).reshape(-1, self.dim).to(dtype))
+            ys.append(torch.tensor(block, dtype=torch.int64).repeat_interleave(n))
+        if not xs:
+            raise ValueError("sample: no classes to sample from")
+        return torch.cat(xs), torch.cat(ys)
+
+    # ---------------------------------------------------------------- persistence
+    def memory_report(self) -> dict[str, int]:
+        """Bytes held by each stored tensor (allocated capacity included) and their total."""
+        report = {
+            "counts": self._counts.nbytes,
+            "means": self._means.nbytes,
+            "scatters": self._scatters.nbytes,
+        }
+        report["total"] = sum(report.values())
+        return report
+
+    @property
+    def nbytes(self) -> int:
+        return self.memory_report()["total"]
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the statistics to a safetensors file (atomic)."""
+        save_tensors(
+            path,
+            {
+                "labels": torch.tensor(self._labels, dtype=torch.int64),
+                "counts": self.counts,
+                "means": self.means,
+                "scatters": self.scatters,
+            },
+            {"format": _FORMAT, "dim": self.dim, "ddof": self.ddof},
+        )
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, device: torch.device | str | None = None):
+        tensors, meta = load_tensors(path)
+        if meta.get("format") != _FORMAT:
+            raise ValueError(f"{path}: not a ClassGaussians file (format {meta.get('format')!r})")
+        out = cls(meta["dim"], ddof=meta["ddof"], device=device)
+        if tensors["labels"].numel():
+            out._append(
+                tensors["labels"].tolist(),
+                tensors["counts"].to(out.device),
+                tensors["means"].to(out.device),
+                tensors["scatters"].to(out.device),
+            )
+        return out
+
+
+def _grow(t: torch.Tensor, capacity: int) -> torch.Tensor:
+    out = torch.zeros((capacity, *t.shape[1:]), dtype=t.dtype, device=t.device)
+    out[: t.shape[0]] = t
+    return out
