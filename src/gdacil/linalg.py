@@ -105,22 +105,26 @@ def randomized_top_eigh(
     oversample: int = 16,
     n_iter: int = 4,
     generator: torch.Generator | None = None,
+    test_matrix: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-``rank`` eigenpairs of symmetric PSD ``A`` by seeded randomized subspace iteration.
 
     A Gaussian test matrix with ``rank + oversample`` columns (drawn from ``generator``) is pushed
     through ``n_iter`` power iterations with QR re-orthonormalisation; the small projected matrix
     is then diagonalised exactly (Halko, Martinsson and Tropp 2011, algorithms 4.4 and 5.3).
+    ``test_matrix`` of shape ``(..., d, k)`` replaces the draw (then ``k`` sets the oversampling).
     Falls back to :func:`top_eigh` when the sketch would not be smaller than ``d``.
     """
     d = A.shape[-1]
-    k = min(rank + oversample, d)
+    k = test_matrix.shape[-1] if test_matrix is not None else min(rank + oversample, d)
     if k >= d:
         return top_eigh(A, rank)
     A = symmetrize(A)
-    omega = torch.randn(
-        (*A.shape[:-2], d, k), dtype=A.dtype, generator=generator, device="cpu"
-    ).to(A.device)
+    omega = test_matrix
+    if omega is None:
+        omega = torch.randn(
+            (*A.shape[:-2], d, k), dtype=A.dtype, generator=generator, device="cpu"
+        ).to(A.device)
     Q, _ = torch.linalg.qr(A @ omega)
     for _ in range(n_iter):
         Q, _ = torch.linalg.qr(A @ Q)

@@ -1,0 +1,208 @@
+"""What every head shares: fitting from statistics, priors, and one scoring kernel.
+
+Every analytic head in gdacil scores a sample ``x`` against class ``c`` as
+
+    g_c(x) = w_c^T x + b_c + sign * 1/2 || A_c x - a_c ||^2
+
+with ``A_c`` of shape ``(k, d)``: ``k = 0`` for the linear heads (NCM, LDA), ``k = d`` for full
+RGDA/QDA (``A_c = L_c^{-1}``, sign -1) and ``k = r`` for LR-RGDA (sign +1). The head stores the
+rows ``[w_c; A_c]`` of all classes stacked as one ``(C, 1 + k, d)`` tensor, so scoring a block of
+classes is a single GEMM of the batch against ``(block * (1 + k), d)``, a bias add, and a squared
+norm over the ``k`` quadratic rows. Class blocks bound the peak memory of the score buffer.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from .._validation import as_features, check_positive_int
+from ..stats import ClassGaussians
+
+__all__ = ["GaussianHead", "NotFittedError"]
+
+_SCORE_BUFFER_BYTES = 64 * 2**20
+
+
+class NotFittedError(RuntimeError):
+    """A head was used before ``fit``."""
+
+
+class GaussianHead(ABC):
+    """Base class of the classifiers built from :class:`~gdacil.ClassGaussians`.
+
+    Subclasses implement ``_build(stats, log_priors)`` returning ``(rows, bias, sign)``:
+    ``rows`` of shape ``(C, 1 + k, d)``, ``bias`` of shape ``(C, 1 + k)`` and ``sign`` in
+    ``{-1, +1}`` (ignored when ``k = 0``).
+
+    Parameters shared by every head
+    -------------------------------
+    priors : None, "empirical", array of shape (C,), or mapping label -> prior
+        Class priors. ``None`` (the paper's choice) means uniform; "empirical" uses the counts.
+    device : torch.device or str, optional
+        Where the head is built and scores are computed (default CPU).
+    dtype : torch.dtype, default torch.float64
+        Dtype of the inference tensors. Building always runs in float64.
+    class_batch_size : int or "auto", default "auto"
+        Classes per block, in building and in scoring; "auto" keeps the score buffer near 64 MiB.
+    """
+
+    def __init__(self, *, priors=None, device=None, dtype=torch.float64, class_batch_size="auto"):
+        self.priors = priors
+        self.device = device
+        self.dtype = dtype
+        self.class_batch_size = class_batch_size
+
+    # ------------------------------------------------------------------ fitting
+    def fit(self, stats: ClassGaussians) -> "GaussianHead":
+        """Build the head from class statistics. Returns ``self``."""
+        if not isinstance(stats, ClassGaussians):
+            raise TypeError(f"fit expects ClassGaussians, got {type(stats).__name__}")
+        if stats.n_classes == 0:
+            raise ValueError(f"{type(self).__name__}.fit: the statistics hold no classes")
+        self._check_params()
+        self.device_ = torch.device(self.device or "cpu")
+        self.classes_ = torch.tensor(stats.classes, dtype=torch.int64)
+        self.n_features_in_ = stats.dim
+        log_priors = self._log_priors(stats)
+        rows, bias, sign = self._build(stats, log_priors)
+        self.rows_ = rows.to(device=self.device_, dtype=self.dtype).contiguous()
+        self.bias_ = bias.to(device=self.device_, dtype=self.dtype).contiguous()
+        self.sign_ = float(sign)
+        return self
+
+    def _check_params(self) -> None:
+        if self.class_batch_size != "auto":
+            check_positive_int(self.class_batch_size, "class_batch_size")
+        if self.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+            raise ValueError(f"dtype must be a floating torch dtype; got {self.dtype!r}")
+
+    @abstractmethod
+    def _build(self, stats: ClassGaussians, log_priors: torch.Tensor):
+        """Return ``(rows, bias, sign)`` for the statistics (see the class docstring)."""
+
+    def _block_size(self, n_rows_per_class: int, n_samples: int = 1024) -> int:
+        if self.class_batch_size != "auto":
+            return int(self.class_batch_size)
+        itemsize = torch.finfo(self.dtype).bits // 8
+        return max(1, _SCORE_BUFFER_BYTES // (n_samples * n_rows_per_class * max(itemsize, 4)))
+
+    def _log_priors(self, stats: ClassGaussians) -> torch.Tensor:
+        C = stats.n_classes
+        p = self.priors
+        if p is None:
+            return torch.full((C,), -float(np.log(C)), dtype=torch.float64)
+        if isinstance(p, str):
+            if p != "empirical":
+                raise ValueError(f"priors must be None, 'empirical', an array or a mapping; got {p!r}")
+            counts = stats.counts.cpu()
+            return (counts / counts.sum()).log()
+        if isinstance(p, Mapping):
+            missing = [c for c in stats.classes if c not in p]
+            if missing:
+                raise ValueError(f"priors mapping lacks classes {missing[:10]}")
+            p = [p[c] for c in stats.classes]
+        p = torch.as_tensor(np.asarray(p, dtype=np.float64))
+        if p.shape != (C,):
+            raise ValueError(f"priors must have one entry per class ({C}); got shape {tuple(p.shape)}")
+        if not torch.isfinite(p).all() or (p <= 0).any():
+            raise ValueError("priors must be positive and finite")
+        return (p / p.sum()).log()
+
+    # ------------------------------------------------------------------ scoring
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "rows_"):
+            raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit(stats) first")
+
+    def _prepare(self, X) -> torch.Tensor:
+        self._check_fitted()
+        return as_features(X, dim=self.n_features_in_, dtype=self.dtype, device=self.device_)
+
+    def _score_blocks(self, X: torch.Tensor):
+        """Yield ``(start, stop, scores)`` for consecutive blocks of classes."""
+        C, rows_per_class, d = self.rows_.shape
+        block = self._block_size(rows_per_class, X.shape[0])
+        for start in range(0, C, block):
+            stop = min(C, start + block)
+            R = self.rows_[start:stop].reshape(-1, d)
+            b = self.bias_[start:stop].reshape(-1)
+            Z = torch.addmm(b, X, R.T).view(X.shape[0], stop - start, rows_per_class)
+            scores = Z[:, :, 0]
+            if rows_per_class > 1:
+                Q = Z[:, :, 1:]
+                scores = scores + (0.5 * self.sign_) * torch.linalg.vecdot(Q, Q)
+            yield start, stop, scores
+
+    def _decision(self, X: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(X.shape[0], self.rows_.shape[0], dtype=self.dtype, device=self.device_)
+        for start, stop, scores in self._score_blocks(X):
+            out[:, start:stop] = scores
+        return out
+
+    def decision_function(self, X) -> torch.Tensor:
+        """Class scores ``(n, C)``, columns in the order of ``classes_``.
+
+        Scores are log-posteriors up to a per-sample constant (see each head), so ``argmax`` and
+        ``softmax`` are exact.
+        """
+        return self._decision(self._prepare(X))
+
+    def predict(self, X) -> torch.Tensor:
+        """Predicted class labels, without materialising the full score matrix."""
+        X = self._prepare(X)
+        best = torch.full((X.shape[0],), -torch.inf, dtype=self.dtype, device=self.device_)
+        arg = torch.zeros(X.shape[0], dtype=torch.long, device=self.device_)
+        for start, _, scores in self._score_blocks(X):
+            val, idx = scores.max(1)
+            better = val > best
+            best = torch.where(better, val, best)
+            arg = torch.where(better, idx + start, arg)
+        return self.classes_[arg.cpu()]
+
+    def predict_log_proba(self, X) -> torch.Tensor:
+        return torch.log_softmax(self.decision_function(X), dim=1)
+
+    def predict_proba(self, X) -> torch.Tensor:
+        return torch.softmax(self.decision_function(X), dim=1)
+
+    def score(self, X, y) -> float:
+        """Mean accuracy of ``predict(X)`` against labels ``y``."""
+        y = torch.as_tensor(np.asarray(y)).reshape(-1)
+        pred = self.predict(X)
+        if y.shape[0] != pred.shape[0]:
+            raise ValueError(f"y has {y.shape[0]} labels for {pred.shape[0]} samples")
+        return float((pred == y).double().mean())
+
+    # ------------------------------------------------------------------ memory
+    def memory_report(self) -> dict[str, int]:
+        """Bytes of the inference state (and of any build cache the head keeps)."""
+        self._check_fitted()
+        report = {"rows": self.rows_.nbytes, "bias": self.bias_.nbytes}
+        report.update(self._extra_memory())
+        report["total"] = sum(report.values())
+        return report
+
+    def _extra_memory(self) -> dict[str, int]:
+        return {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.get_params().items())})"
+
+    def get_params(self) -> dict:
+        import inspect
+
+        names = [p for p in inspect.signature(type(self).__init__).parameters if p != "self"]
+        return {n: getattr(self, n) for n in names}
+
+
+def stack_rows(linear: torch.Tensor, linear_bias: torch.Tensor, quad=None, quad_bias=None):
+    """Stack per-class linear rows ``(C, d)`` and optional quadratic rows ``(C, k, d)``."""
+    rows = linear[:, None, :]
+    bias = linear_bias[:, None]
+    if quad is not None:
+        rows = torch.cat([rows, quad], dim=1)
+        bias = torch.cat([bias, quad_bias], dim=1)
+    return rows, bias

@@ -1,0 +1,374 @@
+"""Every head against a dense reference: the Gaussian log-posterior computed with solve/logdet.
+
+``HeadContract`` is the shared mixin: a head class names its dense reference and inherits every
+check (scores, argmax, probabilities, batching, dtype, errors).
+"""
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from gdacil import ClassGaussians
+from gdacil.heads import LDA, LRRGDA, NCM, QDA, RGDA, HEADS, NotFittedError, build_head
+from gdacil.linalg import NumericalWarning, top_eigh
+
+
+def make_stats(seed=0, d=10, n_classes=6, few_shot=(0,), ddof=0):
+    """Anisotropic classes; the ``few_shot`` ones have fewer samples than dimensions."""
+    g = torch.Generator().manual_seed(seed)
+    X, y = [], []
+    for c in range(n_classes):
+        n = d // 2 if c in few_shot else 5 * d
+        mix = torch.randn(d, d, generator=g, dtype=torch.float64) * (0.2 + 0.15 * c)
+        X.append(torch.randn(n, d, generator=g, dtype=torch.float64) @ mix
+                 + 1.5 * torch.randn(d, generator=g, dtype=torch.float64))
+        y.append(torch.full((n,), 10 * c + 3))  # labels need not be 0..C-1
+    X, y = torch.cat(X), torch.cat(y)
+    return ClassGaussians(d, ddof=ddof).update(X, y), X, y
+
+
+def queries(d, n=40, seed=1):
+    return 2.0 * torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def gaussian_scores(X, means, covs, log_priors):
+    """Dense reference: log N(x; mu_c, Sigma_c) + log pi_c, up to the shared -d/2 log 2 pi."""
+    out = []
+    for mu, S, lp in zip(means, covs, log_priors):
+        dx = X - mu
+        out.append(-0.5 * (dx * torch.linalg.solve(S, dx.T).T).sum(1) - 0.5 * torch.logdet(S) + lp)
+    return torch.stack(out, 1)
+
+
+def uniform(stats):
+    return torch.full((stats.n_classes,), -math.log(stats.n_classes), dtype=torch.float64)
+
+
+def centred(scores):
+    """Remove any per-sample constant."""
+    return scores - scores.mean(1, keepdim=True)
+
+
+class HeadContract:
+    """Checks every head must pass; subclasses give ``make_head`` and ``reference``."""
+
+    exact_scores = False  # True when decision_function equals the reference (not just up to a constant)
+    tol = 1e-9
+
+    def make_head(self, **kw):
+        raise AssertionError("subclass must define make_head")
+
+    def reference(self, stats, X):
+        raise AssertionError("subclass must define reference")
+
+    def test_scores_match_dense_reference(self):
+        stats, _, _ = make_stats()
+        X = queries(stats.dim)
+        got = self.make_head().fit(stats).decision_function(X)
+        ref = self.reference(stats, X)
+        scale = ref.abs().max()
+        assert (centred(got) - centred(ref)).abs().max() <= self.tol * scale
+        if self.exact_scores:
+            assert (got - ref).abs().max() <= self.tol * scale
+
+    def test_predict_and_proba_follow_the_reference(self):
+        stats, _, _ = make_stats()
+        X = queries(stats.dim)
+        head = self.make_head().fit(stats)
+        ref = self.reference(stats, X)
+        assert torch.equal(head.predict(X), head.classes_[ref.argmax(1)])
+        assert torch.allclose(head.predict_proba(X), torch.softmax(ref, 1), atol=1e-9)
+        assert torch.allclose(head.predict_proba(X).sum(1), torch.ones(len(X), dtype=torch.float64))
+        assert head.classes_.tolist() == stats.classes
+
+    def test_class_batching_does_not_change_scores(self):
+        stats, _, _ = make_stats()
+        X = queries(stats.dim)
+        a = self.make_head(class_batch_size=1).fit(stats).decision_function(X)
+        b = self.make_head(class_batch_size=1000).fit(stats).decision_function(X)
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-10)
+
+    def test_float32_inference_is_close(self):
+        stats, _, _ = make_stats()
+        X = queries(stats.dim)
+        a = self.make_head(dtype=torch.float32).fit(stats)
+        b = self.make_head().fit(stats)
+        assert a.decision_function(X).dtype == torch.float32
+        assert torch.allclose(a.predict_proba(X).double(), b.predict_proba(X), atol=1e-3)
+
+    def test_scores_are_finite_even_with_degenerate_statistics(self):
+        # one class is a single sample (zero covariance), another has n < d
+        stats, _, _ = make_stats(few_shot=(1,))
+        stats.update(torch.ones(1, stats.dim), [999])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", NumericalWarning)
+            head = self.make_head().fit(stats)
+        assert torch.isfinite(head.decision_function(queries(stats.dim))).all()
+
+    def test_bad_input_errors(self):
+        stats, _, _ = make_stats()
+        head = self.make_head()
+        with pytest.raises(NotFittedError, match="not fitted"):
+            head.predict(queries(stats.dim))
+        head.fit(stats)
+        with pytest.raises(ValueError, match="dimension 3, expected"):
+            head.predict(torch.zeros(2, 3))
+        with pytest.raises(ValueError, match="NaN or inf"):
+            head.decision_function(torch.full((2, stats.dim), float("nan")))
+        with pytest.raises(ValueError, match="empty batch"):
+            head.predict(torch.zeros(0, stats.dim))
+        with pytest.raises(ValueError, match="no classes"):
+            self.make_head().fit(ClassGaussians(stats.dim))
+
+    def test_memory_report(self):
+        stats, _, _ = make_stats()
+        report = self.make_head().fit(stats).memory_report()
+        assert report["total"] >= report["rows"] > 0
+
+    def test_priors_shift_scores_by_log_prior(self):
+        stats, _, _ = make_stats()
+        X = queries(stats.dim)
+        p = np.arange(1, stats.n_classes + 1, dtype=float)
+        a = self.make_head(priors=p).fit(stats).decision_function(X)
+        b = self.make_head().fit(stats).decision_function(X)
+        shift = torch.as_tensor(np.log(p / p.sum()) + math.log(stats.n_classes))
+        assert torch.allclose(a - b, shift.expand_as(a), atol=1e-9)
+
+
+class TestNCM(HeadContract):
+    exact_scores = True
+
+    def make_head(self, **kw):
+        return NCM(**kw)
+
+    def reference(self, stats, X):
+        d = stats.dim
+        eye = torch.eye(d, dtype=torch.float64).expand(stats.n_classes, d, d)
+        return gaussian_scores(X, stats.means, eye, uniform(stats))
+
+
+class TestCosineNCM(HeadContract):
+    exact_scores = True
+
+    def make_head(self, **kw):
+        return NCM("cosine", **kw)
+
+    def reference(self, stats, X):
+        cos = torch.nn.functional.cosine_similarity(X[:, None, :], stats.means[None], dim=2)
+        return cos + uniform(stats)
+
+
+class TestLDA(HeadContract):
+    def make_head(self, **kw):
+        return LDA(0.1, **kw)
+
+    def reference(self, stats, X):
+        avg = stats.average_covariance()
+        shared = 0.9 * avg + 0.1 * torch.eye(stats.dim, dtype=torch.float64)
+        return gaussian_scores(X, stats.means, shared.expand(stats.n_classes, -1, -1), uniform(stats))
+
+
+class TestRGDA(HeadContract):
+    exact_scores = True
+
+    def make_head(self, **kw):
+        return RGDA(**kw)
+
+    def reference(self, stats, X):
+        eye = torch.eye(stats.dim, dtype=torch.float64)
+        covs = 0.2 * stats.covariances() + 2.0 * stats.average_covariance() + 0.5 * eye
+        return gaussian_scores(X, stats.means, covs, uniform(stats))
+
+
+class TestLRRGDA(HeadContract):
+    rank = 3
+
+    def make_head(self, **kw):
+        return LRRGDA(rank=self.rank, decomposition="eigh", **kw)
+
+    def reference(self, stats, X):
+        U, s = top_eigh(stats.covariances(), self.rank)
+        truncated = U @ torch.diag_embed(s) @ U.transpose(1, 2)
+        eye = torch.eye(stats.dim, dtype=torch.float64)
+        covs = 0.2 * truncated + 2.0 * stats.average_covariance() + 0.5 * eye
+        return gaussian_scores(X, stats.means, covs, uniform(stats))
+
+
+class TestQDA(HeadContract):
+    exact_scores = True
+
+    def make_head(self, **kw):
+        return QDA(0.05, **kw)
+
+    def reference(self, stats, X):
+        eye = torch.eye(stats.dim, dtype=torch.float64)
+        return gaussian_scores(X, stats.means, 0.95 * stats.covariances() + 0.05 * eye, uniform(stats))
+
+
+# ------------------------------------------------------------------ cross-head identities
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_lrrgda_full_rank_equals_rgda_up_to_a_per_sample_constant(seed):
+    stats, _, _ = make_stats(seed=seed, d=24, few_shot=(0, 2))  # n < d for two classes
+    X = queries(stats.dim, seed=seed)
+    full = RGDA().fit(stats).decision_function(X)
+    for decomposition in ("eigh", "randomized"):
+        low = LRRGDA(rank=stats.dim, decomposition=decomposition).fit(stats).decision_function(X)
+        diff = low - full
+        assert (diff - diff[:, :1]).abs().max() <= 1e-8
+        assert torch.equal(low.argmax(1), full.argmax(1))
+        # the constant is exactly 1/2 x^T B^{-1} x
+        B = 2.0 * stats.average_covariance() + 0.5 * torch.eye(stats.dim, dtype=torch.float64)
+        const = 0.5 * (X * torch.linalg.solve(B, X.T).T).sum(1)
+        assert (diff[:, 0] - const).abs().max() <= 1e-8
+
+
+def test_rgda_with_alpha_1_0_0_is_qda():
+    stats, _, _ = make_stats(few_shot=())
+    X = queries(stats.dim)
+    a = RGDA(1.0, 0.0, 0.0).fit(stats).decision_function(X)
+    b = QDA(0.0).fit(stats).decision_function(X)
+    assert torch.allclose(a, b, rtol=0, atol=1e-12)
+
+
+def balanced_problem(seed=0, d=6, n_per_class=80, n_classes=4):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n_per_class * n_classes, d, generator=g, dtype=torch.float64)
+    y = torch.arange(n_per_class * n_classes) % n_classes
+    for c in range(n_classes):
+        X[y == c] = X[y == c] * (1 + 0.5 * c) + 1.5 * torch.randn(d, generator=g, dtype=torch.float64)
+    return X, y
+
+
+@pytest.mark.parametrize("reg_param", [0.0, 0.3])
+def test_qda_matches_scikit_learn(reg_param):
+    from sklearn.discriminant_analysis import QuadraticDiscriminantAnalysis
+
+    X, y = balanced_problem()
+    X, y = X[:-7], y[:-7]  # unequal counts, so empirical priors matter
+    sk = QuadraticDiscriminantAnalysis(reg_param=reg_param).fit(X.numpy(), y.numpy())
+    head = QDA(reg_param, priors="empirical").fit(ClassGaussians(X.shape[1]).update(X, y))
+    assert np.array_equal(sk.predict(X.numpy()), head.predict(X).numpy())
+    assert np.abs(sk.predict_log_proba(X.numpy()) - head.predict_log_proba(X).numpy()).max() < 1e-9
+
+
+@pytest.mark.parametrize("shrinkage", [0.0, 0.1, 0.5])
+def test_lda_matches_scikit_learn(shrinkage):
+    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
+
+    X, y = balanced_problem(seed=4)
+    sk = LinearDiscriminantAnalysis(solver="lsqr", shrinkage=shrinkage).fit(X.numpy(), y.numpy())
+    head = LDA(shrinkage, shrinkage_target="scaled_identity").fit(
+        ClassGaussians(X.shape[1]).update(X, y))
+    assert np.array_equal(sk.predict(X.numpy()), head.predict(X).numpy())
+    assert np.abs(sk.decision_function(X.numpy()) - head.decision_function(X).numpy()).max() < 1e-9
+    assert np.abs(sk.predict_proba(X.numpy()) - head.predict_proba(X).numpy()).max() < 1e-12
+
+
+def test_ncm_matches_scikit_learn_nearest_centroid():
+    from sklearn.neighbors import NearestCentroid
+
+    X, y = balanced_problem(seed=5)
+    sk = NearestCentroid().fit(X.numpy(), y.numpy())
+    head = NCM().fit(ClassGaussians(X.shape[1]).update(X, y))
+    assert np.array_equal(sk.predict(X.numpy()), head.predict(X).numpy())
+
+
+# ------------------------------------------------------------------ LR-RGDA specifics
+def low_rank_stats(d=64, n_classes=12, rank=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    means, covs = [], []
+    for _ in range(n_classes):
+        U = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))[0]
+        spectrum = torch.cat([torch.linspace(4.0, 1.0, rank), 1e-3 * torch.rand(d - rank, generator=g)])
+        covs.append((U * spectrum) @ U.T)
+        means.append(torch.randn(d, generator=g, dtype=torch.float64))
+    return ClassGaussians.from_moments(list(range(n_classes)), torch.stack(means),
+                                       0.5 * (torch.stack(covs) + torch.stack(covs).transpose(1, 2)),
+                                       [100] * n_classes)
+
+
+def test_randomized_decomposition_agrees_with_exact_on_low_rank_spectra():
+    stats = low_rank_stats()
+    X = queries(stats.dim)
+    a = LRRGDA(rank=5, decomposition="randomized").fit(stats).decision_function(X)
+    b = LRRGDA(rank=5, decomposition="eigh").fit(stats).decision_function(X)
+    assert (a - b).abs().max() < 1e-8 * b.abs().max()
+
+
+def test_randomized_decomposition_is_seeded_and_order_independent():
+    stats = low_rank_stats(seed=3)
+    X = queries(stats.dim)
+    kw = dict(rank=3, oversample=2, n_iter=1)
+    a = LRRGDA(**kw).fit(stats).decision_function(X)
+    b = LRRGDA(**kw).fit(stats).decision_function(X)
+    assert torch.equal(a, b)
+    order = list(reversed(stats.classes))
+    c = LRRGDA(**kw, class_batch_size=1).fit(stats.subset(order)).decision_function(X)
+    assert torch.allclose(c.flip(1), a, rtol=0, atol=1e-10)
+    d = LRRGDA(**kw, random_state=7).fit(stats).decision_function(X)
+    assert not torch.equal(a, d)  # the seed really matters with so little oversampling
+
+
+def test_incremental_refit_decomposes_only_new_and_changed_classes():
+    stats = low_rank_stats(n_classes=12)
+    head = LRRGDA(rank=5).fit(stats)
+    assert head.n_decomposed_ == 12
+    extra = low_rank_stats(n_classes=3, seed=9)
+    stats.add_classes([100, 101, 102], extra.means, extra.covariances(), extra.counts)
+    stats.update(torch.randn(5, stats.dim, generator=torch.Generator().manual_seed(0)), [4] * 5)
+    head.fit(stats)
+    assert head.n_decomposed_ == 4  # three new classes and the updated class 4
+    fresh = LRRGDA(rank=5).fit(stats)
+    X = queries(stats.dim)
+    assert torch.equal(head.classes_, fresh.classes_)
+    assert torch.allclose(head.decision_function(X), fresh.decision_function(X), rtol=0, atol=1e-10)
+    # changing the rank invalidates the cache
+    head.rank = 4
+    head.fit(stats)
+    assert head.n_decomposed_ == stats.n_classes
+
+
+def test_lrrgda_refuses_a_singular_base():
+    stats, _, _ = make_stats()
+    with pytest.raises(ValueError, match="alpha2 > 0 or alpha3 > 0"):
+        LRRGDA(rank=2, alpha1=1.0, alpha2=0.0, alpha3=0.0).fit(stats)
+
+
+def test_qda_on_few_shot_class_warns_and_stays_finite():
+    stats, _, _ = make_stats(few_shot=(0,))
+    with pytest.warns(NumericalWarning, match="not positive definite"):
+        head = QDA(0.0).fit(stats)
+    assert torch.isfinite(head.decision_function(queries(stats.dim))).all()
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: RGDA(-1.0, 0.0, 0.0), "alpha1 must be a finite number >= 0"),
+        (lambda: RGDA(0.0, 0.0, 0.0), "all zero"),
+        (lambda: LDA(1.5), r"shrinkage must lie in \[0, 1\]"),
+        (lambda: QDA(2.0), r"reg_param must lie in \[0, 1\]"),
+        (lambda: NCM("manhattan"), "metric must be"),
+        (lambda: LRRGDA(rank=0), "rank must be an integer >= 1"),
+        (lambda: LRRGDA(decomposition="svd"), "decomposition must be"),
+        (lambda: LDA(priors="balanced"), "priors must be"),
+        (lambda: LDA(priors=[1.0, 2.0]), "one entry per class"),
+        (lambda: LDA(priors=[0.0] * 6), "positive"),
+    ],
+)
+def test_bad_parameters_are_refused_at_fit(make, match):
+    stats, _, _ = make_stats()
+    with pytest.raises(ValueError, match=match):
+        make().fit(stats)
+
+
+def test_registry_builds_every_head_and_rejects_unknown_names():
+    stats, X, y = make_stats(few_shot=())
+    for name in HEADS:
+        head = build_head(name).fit(stats)
+        assert head.score(X, y) > 0.5, name
+    with pytest.raises(ValueError, match="unknown head 'svm'; known heads"):
+        build_head("svm")
