@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gdacil import ClassGaussians
-from gdacil.heads import LDA, LRRGDA, NCM, QDA, RGDA, HEADS, NotFittedError, build_head
+from gdacil.heads import HEADS, LDA, LRRGDA, NCM, QDA, RGDA, NotFittedError, SGDHead, build_head
 from gdacil.linalg import NumericalWarning, top_eigh
 
 
@@ -372,3 +372,42 @@ def test_registry_builds_every_head_and_rejects_unknown_names():
         assert head.score(X, y) > 0.5, name
     with pytest.raises(ValueError, match="unknown head 'svm'; known heads"):
         build_head("svm")
+
+
+# ------------------------------------------------------------------ SGD head
+def sgd_problem():
+    g = torch.Generator().manual_seed(0)
+    d, C = 16, 8
+    mu = 1.5 * torch.randn(C, d, generator=g, dtype=torch.float64)
+    X = torch.cat([torch.randn(60, d, generator=g, dtype=torch.float64) + mu[c] for c in range(C)])
+    y = torch.arange(C).repeat_interleave(60)
+    return ClassGaussians(d).update(X, y), X, y
+
+
+def test_sgd_head_is_reproducible_and_learns_the_bayes_rule():
+    stats, X, y = sgd_problem()
+    kw = dict(base_steps=600, steps_per_class=0, resample_every=200, patience=None)
+    a, b = SGDHead(**kw).fit(stats), SGDHead(**kw).fit(stats)
+    assert torch.equal(a.rows_, b.rows_) and torch.equal(a.bias_, b.bias_)
+    assert a.n_steps_ == 600 and len(a.loss_curve_) == 3
+    assert a.loss_curve_[-1] < a.loss_curve_[0]
+    # shared identity covariance: the Bayes rule is linear, so the SGD head should agree with LDA
+    lda = LDA(0.0).fit(stats)
+    assert (a.predict(X) == lda.predict(X)).double().mean() > 0.95
+    assert not torch.equal(SGDHead(**kw, random_state=1).fit(stats).rows_, a.rows_)
+
+
+def test_sgd_head_step_budget_and_early_stopping():
+    stats, _, _ = sgd_problem()
+    head = SGDHead(base_steps=100, steps_per_class=5)
+    assert head.n_steps_for(stats.n_classes) == 140
+    stopped = SGDHead(base_steps=5000, steps_per_class=0, patience=5, lr=0.0, min_lr=0.0).fit(stats)
+    assert stopped.n_steps_ < 100  # a frozen model cannot improve, so patience ends training
+
+
+def test_sgd_head_samples_singular_covariances_without_warnings():
+    stats, _, _ = make_stats(few_shot=(0, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        head = SGDHead(base_steps=50, steps_per_class=0).fit(stats)
+    assert torch.isfinite(head.decision_function(queries(stats.dim))).all()

@@ -14,6 +14,7 @@ __all__ = [
     "symmetrize",
     "psd_cholesky",
     "logdet_from_cholesky",
+    "psd_factor",
     "top_eigh",
     "randomized_top_eigh",
 ]
@@ -80,6 +81,21 @@ def psd_cholesky(
         f"{name}: could not be factorised even with {jitter:.1e} x mean(diag) added; "
         "it is not positive semi-definite (check the statistics)"
     )
+
+
+def psd_factor(A: torch.Tensor) -> torch.Tensor:
+    """A square factor ``F`` with ``F F^T = A`` for symmetric PSD ``A``, singular ones included.
+
+    Cholesky where it succeeds; otherwise ``U diag(sqrt(max(s, 0)))`` from an eigendecomposition,
+    which is exact for rank-deficient matrices (e.g. covariances of classes with n <= d).
+    """
+    A = symmetrize(A)
+    F, info = torch.linalg.cholesky_ex(A)
+    failed = (info != 0).nonzero(as_tuple=True)
+    if failed[0].numel():
+        s, U = torch.linalg.eigh(A[failed])
+        F[failed] = U * s.clamp_min(0.0).sqrt()[..., None, :]
+    return F
 
 
 def logdet_from_cholesky(L: torch.Tensor) -> torch.Tensor:

@@ -21,9 +21,9 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 
-from ._validation import as_features, as_labels, check_positive_int
+from ._validation import as_features, as_labels, check_nonnegative, check_positive_int
 from .io import load_tensors, save_tensors
-from .linalg import psd_cholesky
+from .linalg import psd_factor
 
 __all__ = ["ClassGaussians"]
 
@@ -285,26 +285,40 @@ class ClassGaussians:
         self._append(labels, counts, means, covs * denom[:, None, None])
         return self
 
-    def with_moments(self, labels: Sequence[int], means, covariances) -> "ClassGaussians":
+    def with_moments(self, labels: Sequence[int], means, covariances=None) -> "ClassGaussians":
         """A copy whose ``labels`` have the given means and covariances (counts are kept).
 
-        This is how drift compensators return transformed statistics.
+        This is how drift compensators return transformed statistics; see :meth:`set_moments`.
         """
-        out = self.copy()
-        pos = out.positions(labels).to(self.device)
+        return self.copy().set_moments(labels, means, covariances)
+
+    def set_moments(self, labels: Sequence[int], means, covariances=None) -> "ClassGaussians":
+        """Overwrite the means (and covariances) of ``labels`` in place. Returns ``self``.
+
+        Counts are kept. With ``covariances=None`` only the means change (the scatter is centred,
+        so the covariances stay as they are). Covariances are symmetrised. Compensators write
+        their results block by block with this, so peak memory is one block, not all classes.
+        """
+        pos = self.positions(labels).to(self.device)
         means = as_features(means, dim=self.dim, dtype=torch.float64, device=self.device,
                             name="means")
-        covs = torch.as_tensor(covariances, dtype=torch.float64).to(self.device)
-        if means.shape[0] != len(pos) or covs.shape != (len(pos), self.dim, self.dim):
-            raise ValueError("with_moments: shapes do not match the number of labels")
-        if not torch.isfinite(covs).all():
-            raise ValueError("with_moments: covariances contain NaN or inf")
-        denom = (out._counts[pos] - self.ddof).clamp_min(0.0)
-        out._means[pos] = means
-        out._scatters[pos] = 0.5 * (covs + covs.transpose(1, 2)) * denom[:, None, None]
+        if means.shape[0] != len(pos):
+            raise ValueError(f"set_moments: {means.shape[0]} means for {len(pos)} labels")
+        if covariances is not None:
+            covs = torch.as_tensor(covariances, dtype=torch.float64).to(self.device)
+            if covs.shape != (len(pos), self.dim, self.dim):
+                raise ValueError(
+                    f"set_moments: covariances must have shape ({len(pos)}, {self.dim}, "
+                    f"{self.dim}); got {tuple(covs.shape)}"
+                )
+            if not torch.isfinite(covs).all():
+                raise ValueError("set_moments: covariances contain NaN or inf")
+            denom = (self._counts[pos] - self.ddof).clamp_min(0.0)
+            self._scatters[pos] = 0.5 * (covs + covs.transpose(1, 2)) * denom[:, None, None]
+        self._means[pos] = means
         for p in pos.tolist():
-            out._revisions[p] = _next_revisions(1)[0]
-        return out
+            self._revisions[p] = _next_revisions(1)[0]
+        return self
 
     def remove_classes(self, labels: Iterable[int]) -> "ClassGaussians":
         """Forget ``labels``. Returns ``self``."""
@@ -354,18 +368,24 @@ class ClassGaussians:
         generator: torch.Generator,
         labels: Sequence[int] | None = None,
         noise: torch.Tensor | None = None,
+        jitter: float = 0.0,
         batch_size: int = 64,
         dtype: torch.dtype = torch.float64,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draw ``n_per_class`` samples from ``N(mu_c, Sigma_c)`` for every class in ``labels``.
+        """Draw ``n_per_class`` samples from ``N(mu_c, Sigma_c + jitter I)`` for every class in ``labels``.
 
         Parameters
         ----------
         generator : torch.Generator
             Required, so that every draw is reproducible.
-        noise : tensor of shape ``(n_per_class, d)``, optional
-            Standard-normal noise shared by every class (common random numbers). Drawn from
-            ``generator`` per class when omitted.
+        noise : tensor of shape ``(n_per_class, d)`` or ``(k, n_per_class, d)``, optional
+            Standard-normal noise: one block shared by every class (common random numbers), or
+            one block per class in ``labels`` order (``k = len(labels)``). Drawn from
+            ``generator`` per class when omitted. Sample ``i`` of class ``c`` is
+            ``mu_c + L_c noise_i`` with ``L_c`` the Cholesky factor (an eigendecomposition factor
+            for singular covariances, e.g. classes with fewer samples than dimensions).
+        jitter : float, default 0
+            Added to the diagonal of every covariance before factorising.
 
         Returns
         -------
@@ -374,16 +394,25 @@ class ClassGaussians:
         if not isinstance(generator, torch.Generator):
             raise TypeError("sample() needs an explicit torch.Generator (seeded) for reproducibility")
         n = check_positive_int(n_per_class, "n_per_class")
-        if noise is not None and tuple(noise.shape) != (n, self.dim):
-            raise ValueError(f"noise must have shape ({n}, {self.dim}); got {tuple(noise.shape)}")
-        xs, ys = [], []
+        jitter = check_nonnegative(jitter, "jitter")
+        labels = self.classes if labels is None else [int(c) for c in labels]
+        if noise is not None and tuple(noise.shape) not in ((n, self.dim),
+                                                            (len(labels), n, self.dim)):
+            raise ValueError(f"noise must have shape ({n}, {self.dim}) or ({len(labels)}, {n}, "
+                             f"{self.dim}); got {tuple(noise.shape)}")
+        eye = torch.eye(self.dim, dtype=torch.float64, device=self.device)
+        xs, ys, start = [], [], 0
         for block, _, mu, cov in self.iter_batches(batch_size, labels):
-            L = psd_cholesky(cov, name="class covariance (sampling)")
+            k = len(block)
+            L = psd_factor(cov + jitter * eye if jitter else cov)
             if noise is None:
-                E = torch.randn((len(block), n, self.dim), dtype=torch.float64, generator=generator)
+                E = torch.randn((k, n, self.dim), dtype=torch.float64, generator=generator)
+            elif noise.ndim == 2:
+                E = noise.expand(k, n, self.dim)
             else:
-                E = noise.to(torch.float64).cpu().expand(len(block), n, self.dim)
-            E = E.to(self.device)
+                E = noise[start : start + k]
+            start += k
+            E = E.to(dtype=torch.float64, device=self.device)
             xs.append((mu[:, None, :] + E @ L.transpose(1, 2)).reshape(-1, self.dim).to(dtype))
             ys.append(torch.tensor(block, dtype=torch.int64).repeat_interleave(n))
         if not xs:

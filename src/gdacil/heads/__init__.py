@@ -5,6 +5,7 @@ from .lda import LDA
 from .lowrank import LRRGDA
 from .ncm import NCM
 from .rgda import QDA, RGDA
+from .sgd import SGDHead
 
 HEADS: dict[str, type[GaussianHead]] = {
     "ncm": NCM,
@@ -12,6 +13,7 @@ HEADS: dict[str, type[GaussianHead]] = {
     "qda": QDA,
     "rgda": RGDA,
     "lr_rgda": LRRGDA,
+    "sgd": SGDHead,
 }
 
 
@@ -24,5 +26,5 @@ def build_head(name: str, **params) -> GaussianHead:
     return cls(**params)
 
 
-__all__ = ["GaussianHead", "NotFittedError", "NCM", "LDA", "QDA", "RGDA", "LRRGDA", "HEADS",
+__all__ = ["GaussianHead", "NotFittedError", "NCM", "LDA", "QDA", "RGDA", "LRRGDA", "SGDHead", "HEADS",
            "build_head"]
