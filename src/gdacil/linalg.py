@@ -17,6 +17,7 @@ __all__ = [
     "psd_factor",
     "top_eigh",
     "randomized_top_eigh",
+    "orthonormalize",
 ]
 
 
@@ -49,12 +50,14 @@ def psd_cholesky(
     """
     if not torch.isfinite(A).all():
         raise ValueError(f"{name} contains NaN or inf; cannot factorise it")
-    A = symmetrize(A)
+    shape = A.shape
+    A = symmetrize(A).reshape(-1, shape[-2], shape[-1])
     L, info = torch.linalg.cholesky_ex(A)
     failed = info != 0
     if not failed.any():
-        return L
-    scale = A.diagonal(dim1=-2, dim2=-1).mean(-1).abs().clamp_min(torch.finfo(A.dtype).tiny)
+        return L.reshape(shape)
+    scale = A.diagonal(dim1=-2, dim2=-1).mean(-1).abs()
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero matrix gets I-scale jitter
     eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
     jitter = initial_jitter
     for _ in range(max_tries):
@@ -71,11 +74,10 @@ def psd_cholesky(
                 NumericalWarning,
                 stacklevel=2,
             )
-        new_failed = torch.zeros_like(failed)
-        new_failed[idx] = still
-        failed = new_failed
+        failed = failed.clone()
+        failed[idx] = still
         if not failed.any():
-            return L
+            return L.reshape(shape)
         jitter *= 10.0 if jitter >= 1e-6 else 100.0
     raise ValueError(
         f"{name}: could not be factorised even with {jitter:.1e} x mean(diag) added; "
@@ -114,6 +116,32 @@ def top_eigh(A: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return U, s
 
 
+def orthonormalize(Y: torch.Tensor, *, tol: float = 1e-10) -> torch.Tensor:
+    """Orthonormal basis of the columns of tall ``Y`` (``(..., d, k)``, ``k <= d``).
+
+    Shifted CholeskyQR2 (Fukaya et al. 2020): two passes of ``Q <- Q chol(Q^T Q + s I)^{-T}``,
+    made of GEMMs and a small ``k x k`` factorisation, several times faster than Householder QR
+    for batches of tall matrices. Where it does not reach orthonormality to ``tol`` (a
+    rank-deficient ``Y``), Householder QR takes over for that matrix.
+    """
+    k = Y.shape[-1]
+    eye = torch.eye(k, dtype=Y.dtype, device=Y.device)
+    Q, ok = Y, torch.ones(Y.shape[:-2], dtype=torch.bool, device=Y.device)
+    for _ in range(2):
+        G = Q.transpose(-1, -2) @ Q
+        shift = 11 * (Y.shape[-2] * k + k * (k + 1)) * torch.finfo(Y.dtype).eps
+        shift = shift * G.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(torch.finfo(Y.dtype).tiny)
+        L, info = torch.linalg.cholesky_ex(G + shift[..., None, None] * eye)
+        ok &= info == 0
+        L = torch.where(ok[..., None, None], L, eye)
+        Q = torch.linalg.solve_triangular(L.transpose(-1, -2), Q, upper=True, left=False)
+    err = (Q.transpose(-1, -2) @ Q - eye).abs().amax((-2, -1))
+    bad = (~ok | ~(err <= tol)).nonzero(as_tuple=True)
+    if bad[0].numel():
+        Q[bad] = torch.linalg.qr(Y[bad])[0]
+    return Q
+
+
 def randomized_top_eigh(
     A: torch.Tensor,
     rank: int,
@@ -135,15 +163,14 @@ def randomized_top_eigh(
     k = test_matrix.shape[-1] if test_matrix is not None else min(rank + oversample, d)
     if k >= d:
         return top_eigh(A, rank)
-    A = symmetrize(A)
     omega = test_matrix
     if omega is None:
         omega = torch.randn(
             (*A.shape[:-2], d, k), dtype=A.dtype, generator=generator, device="cpu"
         ).to(A.device)
-    Q, _ = torch.linalg.qr(A @ omega)
+    Q = orthonormalize(A @ omega)
     for _ in range(n_iter):
-        Q, _ = torch.linalg.qr(A @ Q)
+        Q = orthonormalize(A @ Q)
     T = Q.transpose(-1, -2) @ A @ Q
     s, V = torch.linalg.eigh(symmetrize(T))
     s = s.flip(-1)[..., :rank].clamp_min(0.0)

@@ -1,0 +1,22 @@
+"""Benchmarks that print their figures and write JSON, markdown and plots."""
+
+from __future__ import annotations
+
+import importlib
+
+BENCHMARKS = {
+    "heads": "gdacil.bench.heads",
+    "drift": "gdacil.bench.drift",
+}
+
+
+def run_benchmark(argv: list[str]) -> int:
+    """Dispatch ``NAME [options]`` to the benchmark module's ``main``."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: python -m gdacil.bench {" + ",".join(BENCHMARKS) + "} [options]")
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in BENCHMARKS:
+        print(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
+        return 2
+    return importlib.import_module(BENCHMARKS[name]).main(rest)

@@ -1,0 +1,67 @@
+"""What every benchmark shares: timing, the machine's description and GEMM rate, and output."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from ..io import atomic_write_text
+
+__all__ = ["best_time", "machine_info", "gemm_rate", "write_json", "markdown_table"]
+
+
+def best_time(fn, *, repeats: int = 3, warmup: int = 1) -> float:
+    """Fastest of ``repeats`` wall-clock timings of ``fn()`` after ``warmup`` untimed calls.
+
+    The minimum is the least noisy estimate on a shared machine: noise only ever adds time.
+    """
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def machine_info() -> dict:
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def gemm_rate(dtype: torch.dtype = torch.float32, *, shapes=((2048, 2048, 2048), (1024, 768, 16384)),
+              repeats: int = 3) -> dict:
+    """Measured GEMM throughput (FLOP/s) of this machine: the best over a few shapes."""
+    g = torch.Generator().manual_seed(0)
+    best = 0.0
+    per_shape = {}
+    for m, k, n in shapes:
+        a = torch.randn(m, k, generator=g).to(dtype)
+        b = torch.randn(k, n, generator=g).to(dtype)
+        t = best_time(lambda: a @ b, repeats=repeats)
+        rate = 2.0 * m * k * n / t
+        per_shape[f"{m}x{k}x{n}"] = rate
+        best = max(best, rate)
+    return {"flops": best, "per_shape": per_shape}
+
+
+def write_json(path: str | os.PathLike, payload: dict) -> Path:
+    return atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+def markdown_table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,581 @@
+"""scikit-learn estimators over the gdacil heads, with class-incremental ``partial_fit``.
+
+:class:`LRRGDAClassifier`, :class:`RGDAClassifier`, :class:`QDAClassifier`,
+:class:`LDAClassifier` and :class:`NCMClassifier` wrap the heads of :mod:`gdacil.heads` in the
+scikit-learn estimator API: numpy in, numpy out, any label type, ``get_params``/``set_params``,
+``clone``, pipelines, ``score``. They pass ``sklearn.utils.estimator_checks.check_estimator``
+with no check skipped.
+
+Class-incremental learning
+--------------------------
+``partial_fit(X, y)`` accepts classes never seen before; there is no ``classes=`` to declare up
+front (scikit-learn's own incremental classifiers need one, scikit-learn#30042). The estimator
+keeps the per-class count, mean and scatter of everything it has seen in a
+:class:`~gdacil.ClassGaussians` (``stats_``) and rebuilds the head from them after every call, so
+fitting in shards, in any order, gives the model of fitting everything at once (up to round-off).
+The head object ``head_`` is kept across ``partial_fit`` calls: :class:`~gdacil.heads.LRRGDA`
+caches the eigenpairs of each class and re-decomposes only the classes that are new or received
+samples (``head_.n_decomposed_`` says how many). ``fit`` starts from scratch.
+
+With LR-RGDA's ``decomposition="randomized"`` (used when ``rank + oversample < n_features``) each
+class's random test matrix is seeded from ``random_state`` and the class's internal id, its order
+of first appearance; sharded ``partial_fit`` and one ``fit`` may number classes differently and
+then agree to the accuracy of the randomized decomposition, not to round-off.
+``decomposition="eigh"`` is exact.
+
+``partial_fit`` also takes an optional ``classes=``, for code written against scikit-learn's
+incremental API: every label of ``y`` must be listed there, but a class enters ``classes_`` only
+once it has samples (a Gaussian needs data).
+
+Labels and outputs
+------------------
+Labels may be of any type scikit-learn accepts (ints, floats with integral values, strings,
+objects). ``classes_`` is sorted like scikit-learn's; ``predict`` returns original labels;
+``predict_proba``, ``predict_log_proba`` and ``decision_function`` have their columns in
+``classes_`` order. Scores are log-posteriors up to a per-sample constant, so for two classes
+``decision_function`` returns the log-odds ``score(classes_[1]) - score(classes_[0])`` (1-D,
+positive means ``classes_[1]``), as scikit-learn's convention asks. A classifier fitted on a single
+class predicts it everywhere (its ``decision_function`` has one column).
+
+Priors default to uniform (the paper's choice; scikit-learn's LDA/QDA default to the empirical
+frequencies: pass ``priors="empirical"`` for that). An array of priors is in ``classes_`` order and
+must match the number of classes; a mapping is keyed by the original labels and may name classes
+that ``partial_fit`` has yet to see (only the priors of the classes seen so far are used,
+renormalised).
+
+Numerics and scale
+------------------
+Statistics are accumulated in float64 on the CPU. The head is built in float64 and scores in
+``dtype`` (default ``"float64"``) on ``device`` (default CPU): ``device="cuda",
+dtype="float32"`` builds and scores on a GPU. Outputs are numpy arrays either way. The class
+covariances use ``1/n`` (as scikit-learn >= 1.8's QDA does). The paper's RGDA regularisation
+``alpha1 = 0.2, alpha2 = 2.0, alpha3 = 0.5`` adds ``0.5 I`` to every class covariance: it assumes
+features of scale about 1 (standardise them, e.g. with a ``StandardScaler`` in a pipeline, or
+scale the alphas).
+
+A class with a single sample has a zero covariance. RGDA and LR-RGDA regularise it (with
+``alpha2 Sigma_avg + alpha3 I``), as do LDA (through the shared, shrunk covariance) and NCM (which
+uses no covariance). QDA with ``reg_param=0`` (and RGDA with ``alpha2 = alpha3 = 0``) cannot: the
+estimator raises a ``ValueError`` naming the class before touching its state. Classes with fewer
+samples than features have singular covariances: the head adds the smallest jitter that factors
+them and emits a ``gdacil.linalg.NumericalWarning``. (A class whose samples are all identical
+also has a zero covariance, which unregularised QDA turns into a near point mass: use
+``reg_param > 0`` when that can happen.)
+
+Errors
+------
+Input is validated by scikit-learn's ``validate_data``: NaN or inf, a wrong number of dimensions
+or features, empty input, and continuous targets raise ``ValueError``; using an estimator before
+``fit`` raises ``sklearn.exceptions.NotFittedError``. Parameters and class counts are checked
+before anything changes: a ``partial_fit`` that fails these checks leaves the estimator as it was
+(``fit`` starts from scratch, so a failed ``fit`` leaves it unfitted). Building the head is the only
+step that can fail after the batch has joined the statistics (a matrix that cannot be factorised
+even with jitter); the estimator then counts as not fitted until a later ``partial_fit`` (say
+after ``set_params``) or ``fit`` builds the head.
+
+scikit-learn compatibility
+--------------------------
+Skipped ``check_estimator`` checks: none. ``tests/test_sklearn.py`` runs every check through
+``parametrize_with_checks``. scikit-learn itself skips ``check_classifier_data_not_an_array``
+when pandas is not installed and ``check_array_api_input`` unless ``SCIPY_ARRAY_API=1`` is set;
+both pass when those are present. See ``docs/sklearn.md``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from .heads import LDA, LRRGDA, NCM, QDA, RGDA
+from .heads.rgda import PAPER_ALPHAS
+from .stats import ClassGaussians
+
+__all__ = [
+    "LRRGDAClassifier",
+    "RGDAClassifier",
+    "QDAClassifier",
+    "LDAClassifier",
+    "NCMClassifier",
+]
+
+_FLOAT_DTYPES = (np.float64, np.float32)
+_FITTED_STATE = ("stats_", "head_", "classes_", "_class_ids", "_columns", "_labels_by_id")
+
+_SHARED_PARAMETERS = """\
+    priors : None, "empirical", array-like of shape (n_classes,) or mapping, default None
+        Class priors. None means uniform (the paper's choice); "empirical" uses the class
+        frequencies; an array is in ``classes_`` order; a mapping is keyed by class label
+        (and, unlike an array, can cover classes that ``partial_fit`` has not seen yet).
+    device : str or torch.device, optional
+        Where the head is built and scores are computed (default CPU).
+    dtype : str or torch.dtype, default "float64"
+        Dtype of the head's inference tensors ("float64", "float32", ...). Statistics are
+        always accumulated in float64.
+    class_batch_size : int or "auto", default "auto"
+        Classes per block when building and scoring; "auto" keeps the score buffer near 64 MiB."""
+
+_SHARED_ATTRIBUTES = """\
+    classes_ : ndarray of shape (n_classes,)
+        Class labels seen so far, sorted.
+    n_features_in_ : int
+        Number of features seen during ``fit``.
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Names of the features seen during ``fit``; defined only when ``X`` had string column
+        names.
+    stats_ : ClassGaussians
+        Accumulated per-class statistics (internal integer class ids, in order of first
+        appearance).
+    head_ : GaussianHead
+        The head built from ``stats_``; one object for the estimator's whole life between two
+        ``fit`` calls."""
+
+
+def _fill_docstring(cls):
+    cls.__doc__ = (cls.__doc__.replace("    {shared_parameters}", _SHARED_PARAMETERS)
+                   .replace("    {shared_attributes}", _SHARED_ATTRIBUTES))
+    return cls
+
+
+def _torch_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+    except TypeError:
+        name = None
+    found = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(found, torch.dtype):
+        raise ValueError(f"dtype must be a torch dtype or a dtype name such as 'float64' or "
+                         f"'float32'; got {dtype!r}")
+    return found
+
+
+def _as_tensor(X: np.ndarray) -> torch.Tensor:
+    # torch cannot wrap read-only arrays (e.g. memory maps) without a copy.
+    return torch.from_numpy(X if X.flags.writeable else X.copy())
+
+
+def _is_numeric(labels: np.ndarray) -> bool:
+    return labels.dtype.kind in "biuf"
+
+
+class _GaussianClassifier(ClassifierMixin, BaseEstimator):
+    """Shared machinery: label encoding, statistics, head (re)building, outputs."""
+
+    _head_class: type = None
+
+    def __init__(self, *, priors=None, device=None, dtype="float64", class_batch_size="auto"):
+        self.priors = priors
+        self.device = device
+        self.dtype = dtype
+        self.class_batch_size = class_batch_size
+
+    # ---------------------------------------------------------------- fitting
+    def fit(self, X, y):
+        """Fit the classifier on ``X``, ``y`` from scratch.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,)
+
+        Returns
+        -------
+        self
+        """
+        return self._fit(X, y, reset=True)
+
+    def partial_fit(self, X, y, classes=None):
+        """Add a batch of samples; labels never seen before become new classes.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,)
+        classes : array-like, optional
+            Accepted for compatibility with scikit-learn's incremental API, never needed. When
+            given, every label of ``y`` must be one of them.
+
+        Returns
+        -------
+        self
+        """
+        return self._fit(X, y, reset=not hasattr(self, "stats_"), classes=classes)
+
+    def _fit(self, X, y, *, reset, classes=None):
+        if reset:  # fit starts from scratch: a failed fit leaves the estimator unfitted
+            for name in _FITTED_STATE:
+                self.__dict__.pop(name, None)
+        X, y = validate_data(self, X, y, reset=reset, dtype=_FLOAT_DTYPES)
+        check_classification_targets(y)
+        if classes is not None:
+            unlisted = np.setdiff1d(y, np.asarray(classes))
+            if unlisted.size:
+                raise ValueError(f"y has labels {unlisted[:10].tolist()} that are not in classes")
+        labels, class_ids, y_ids = self._encode(y, reset=reset)
+        counts = np.bincount(y_ids, minlength=labels.size).astype(np.float64)
+        if not reset:
+            counts[self.stats_.classes] += self.stats_.counts.cpu().numpy()
+        self._check_class_counts(labels, counts[class_ids])
+        kwargs = self._head_kwargs(labels, class_ids)
+        self._head_class(**kwargs)._check_params()
+
+        # Every check has passed: from here on the batch joins the statistics.
+        if reset:
+            self.stats_ = ClassGaussians(X.shape[1])
+            self.head_ = self._head_class(**kwargs)
+        else:
+            for name, value in kwargs.items():
+                setattr(self.head_, name, value)
+        self._columns = None  # the head is out of date until rebuilt below
+        self.stats_.update(_as_tensor(X), torch.from_numpy(y_ids))
+        self.classes_, self._class_ids = labels, class_ids
+        self.head_.fit(self.stats_)
+        self._columns = self.stats_.positions(class_ids.tolist())
+        self._labels_by_id = np.empty_like(labels)
+        self._labels_by_id[class_ids] = labels
+        return self
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return getattr(self, "_columns", None) is not None
+
+    def _encode(self, y: np.ndarray, *, reset: bool):
+        """Sorted labels, their internal ids, and the ids of ``y``; changes no state.
+
+        Internal ids number the classes in order of first appearance, so the statistics (and
+        the head's caches) of known classes keep their ids when new classes arrive.
+        """
+        seen, inverse = np.unique(y, return_inverse=True)
+        labels = seen
+        if reset:
+            class_ids = np.arange(labels.size)
+        else:
+            known = self.classes_
+            if _is_numeric(known) != _is_numeric(seen):
+                raise ValueError(f"labels of type {seen.dtype} cannot join the classes seen so "
+                                 f"far, of type {known.dtype}: {known[:10].tolist()}")
+            fresh = seen[~np.isin(seen, known)]
+            labels = np.concatenate([known, fresh])
+            class_ids = np.concatenate([self._class_ids, known.size + np.arange(fresh.size)])
+            order = np.argsort(labels, kind="stable")
+            labels, class_ids = labels[order], class_ids[order]
+        y_ids = class_ids[np.searchsorted(labels, seen)][inverse]
+        return labels, class_ids, y_ids.astype(np.int64)
+
+    def _check_class_counts(self, labels: np.ndarray, counts: np.ndarray) -> None:
+        """Raise if a class has too few samples for this model (``counts`` in ``labels`` order)."""
+        if self._needs_class_covariance():
+            single = labels[counts < 2].tolist()
+            if single:
+                raise ValueError(
+                    f"{type(self).__name__}: class {single[0]!r} has only 1 sample, so its "
+                    "covariance is zero and this unregularised model is undefined; add "
+                    "regularisation (reg_param > 0, or alpha2/alpha3 > 0) or more samples")
+
+    def _needs_class_covariance(self) -> bool:
+        """Whether a zero class covariance makes the model undefined (no regularisation)."""
+        return False
+
+    def _head_kwargs(self, labels: np.ndarray, class_ids: np.ndarray) -> dict:
+        names = list(inspect.signature(self._head_class.__init__).parameters)[1:]
+        kwargs = {name: getattr(self, name) for name in names}
+        kwargs["dtype"] = _torch_dtype(self.dtype)
+        kwargs["priors"] = self._internal_priors(labels, class_ids)
+        return kwargs
+
+    def _internal_priors(self, labels: np.ndarray, class_ids: np.ndarray):
+        """``priors`` as the head takes them: keyed by internal class id."""
+        priors = self.priors
+        if priors is None or isinstance(priors, str):
+            return priors
+        if isinstance(priors, Mapping):
+            missing = [c for c in labels.tolist() if c not in priors]
+            if missing:
+                raise ValueError(f"priors has no entry for classes {missing[:10]}")
+            values = np.array([priors[c] for c in labels.tolist()], dtype=np.float64)
+        else:
+            values = np.asarray(priors, dtype=np.float64).reshape(-1)
+            if values.size != labels.size:
+                raise ValueError(f"priors has {values.size} entries but there are {labels.size} "
+                                 f"classes {labels[:10].tolist()}; while partial_fit adds "
+                                 "classes, give priors as a mapping label -> prior")
+        if not np.isfinite(values).all() or (values <= 0).any():
+            raise ValueError(f"priors must be positive and finite; got {values[:10].tolist()}")
+        return dict(zip(class_ids.tolist(), values.tolist()))
+
+    # ------------------------------------------------------------- prediction
+    def _validate_for_prediction(self, X) -> torch.Tensor:
+        check_is_fitted(self)
+        return _as_tensor(validate_data(self, X, reset=False, dtype=_FLOAT_DTYPES))
+
+    def _head_output(self, method: str, X) -> np.ndarray:
+        X = self._validate_for_prediction(X)
+        out = getattr(self.head_, method)(X)
+        return out[:, self._columns.to(out.device)].cpu().numpy()
+
+    def predict(self, X):
+        """Predicted class labels, shape ``(n_samples,)``, of the type of ``classes_``."""
+        X = self._validate_for_prediction(X)
+        return self._labels_by_id[self.head_.predict(X).numpy()]
+
+    def decision_function(self, X):
+        """Class scores: log-posteriors up to a per-sample constant.
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes), columns in ``classes_`` order; for two classes,
+        shape (n_samples,): the log-odds of ``classes_[1]`` against ``classes_[0]``.
+        """
+        scores = self._head_output("decision_function", X)
+        if scores.shape[1] == 2:
+            return scores[:, 1] - scores[:, 0]
+        return scores
+
+    def predict_proba(self, X):
+        """Posterior class probabilities, shape ``(n_samples, n_classes)``, ``classes_`` order."""
+        return self._head_output("predict_proba", X)
+
+    def predict_log_proba(self, X):
+        """Log of :meth:`predict_proba`, computed stably."""
+        return self._head_output("predict_log_proba", X)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.allow_nan = False       # NaN/inf are rejected
+        tags.input_tags.sparse = False          # dense features only
+        tags.classifier_tags.multi_class = True
+        tags.classifier_tags.multi_label = False
+        tags.target_tags.multi_output = False
+        tags.non_deterministic = False          # seeded decompositions, deterministic on CPU
+        tags.array_api_support = False          # numpy in, numpy out
+        return tags
+
+
+@_fill_docstring
+class NCMClassifier(_GaussianClassifier):
+    """Nearest-class-mean classifier (:class:`gdacil.heads.NCM`).
+
+    Parameters
+    ----------
+    metric : {"euclidean", "cosine"}, default "euclidean"
+        Euclidean scores are ``-1/2 ||x - mu_c||^2 + log pi_c``; cosine scores are
+        ``cos(x, mu_c) + log pi_c``.
+    {shared_parameters}
+
+    Attributes
+    ----------
+    {shared_attributes}
+
+    Examples
+    --------
+    >>> from gdacil.sklearn import NCMClassifier
+    >>> X = [[0.0, 0.1], [0.2, 0.0], [5.0, 5.1], [5.2, 4.9]]
+    >>> clf = NCMClassifier().fit(X, ["a", "a", "b", "b"])
+    >>> clf.predict([[4.0, 4.5], [0.5, 0.0]])
+    array(['b', 'a'], dtype='<U1')
+    """
+
+    _head_class = NCM
+
+    def __init__(self, metric="euclidean", *, priors=None, device=None, dtype="float64",
+                 class_batch_size="auto"):
+        super().__init__(priors=priors, device=device, dtype=dtype,
+                         class_batch_size=class_batch_size)
+        self.metric = metric
+
+
+@_fill_docstring
+class LDAClassifier(_GaussianClassifier):
+    """Linear discriminant analysis with a shrunk shared covariance (:class:`gdacil.heads.LDA`).
+
+    The shared covariance is ``(1 - shrinkage) Sigma_avg + shrinkage * t * I`` where
+    ``Sigma_avg`` is the unweighted mean of the class covariances and ``t = 1`` (identity target)
+    or ``t = tr(Sigma_avg) / d`` (``"scaled_identity"``: scikit-learn's
+    ``LinearDiscriminantAnalysis(solver="lsqr", shrinkage=shrinkage)`` on balanced classes).
+
+    Parameters
+    ----------
+    shrinkage : float in [0, 1], default 0.1
+    shrinkage_target : {"identity", "scaled_identity"}, default "identity"
+    {shared_parameters}
+
+    Attributes
+    ----------
+    {shared_attributes}
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gdacil.sklearn import LDAClassifier
+    >>> rng = np.random.default_rng(0)
+    >>> X = np.vstack([rng.normal(size=(50, 3)), rng.normal(size=(50, 3)) + 4.0])
+    >>> y = np.repeat([10, 20], 50)
+    >>> clf = LDAClassifier(shrinkage=0.2).fit(X, y)
+    >>> clf.classes_, clf.score(X, y)
+    (array([10, 20]), 1.0)
+    >>> clf.decision_function([[3.0, 3.0, 3.0]]) > 0   # positive: classes_[1]
+    array([ True])
+    """
+
+    _head_class = LDA
+
+    def __init__(self, shrinkage=0.1, *, shrinkage_target="identity", priors=None, device=None,
+                 dtype="float64", class_batch_size="auto"):
+        super().__init__(priors=priors, device=device, dtype=dtype,
+                         class_batch_size=class_batch_size)
+        self.shrinkage = shrinkage
+        self.shrinkage_target = shrinkage_target
+
+
+@_fill_docstring
+class QDAClassifier(_GaussianClassifier):
+    """Quadratic discriminant analysis (:class:`gdacil.heads.QDA`).
+
+    Class covariances are ``(1 - reg_param) Sigma_c + reg_param I`` with ``1/n`` estimates, as in
+    scikit-learn >= 1.8's ``QuadraticDiscriminantAnalysis(reg_param=...)``. With
+    ``reg_param=0`` every class needs at least 2 samples.
+
+    Parameters
+    ----------
+    reg_param : float in [0, 1], default 0.0
+    {shared_parameters}
+
+    Attributes
+    ----------
+    {shared_attributes}
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gdacil.sklearn import QDAClassifier
+    >>> rng = np.random.default_rng(0)
+    >>> X = np.vstack([rng.normal(size=(100, 2)), 4.0 * rng.normal(size=(100, 2))])
+    >>> y = np.repeat(["narrow", "wide"], 100)
+    >>> clf = QDAClassifier(reg_param=0.01).fit(X, y)
+    >>> clf.predict([[0.1, -0.2], [6.0, 5.0]])
+    array(['narrow', 'wide'], dtype='<U6')
+    >>> clf.predict_proba([[6.0, 5.0]]).round(3)
+    array([[0., 1.]])
+    """
+
+    _head_class = QDA
+
+    def __init__(self, reg_param=0.0, *, priors=None, device=None, dtype="float64",
+                 class_batch_size="auto"):
+        super().__init__(priors=priors, device=device, dtype=dtype,
+                         class_batch_size=class_batch_size)
+        self.reg_param = reg_param
+
+    def _needs_class_covariance(self) -> bool:
+        return self.reg_param == 0
+
+
+@_fill_docstring
+class RGDAClassifier(_GaussianClassifier):
+    """Regularised Gaussian discriminant analysis (:class:`gdacil.heads.RGDA`).
+
+    Class covariances are ``alpha1 Sigma_c + alpha2 Sigma_avg + alpha3 I``. The defaults are the
+    paper's, which assume features of scale about 1 (see the module notes).
+
+    Parameters
+    ----------
+    alpha1, alpha2, alpha3 : float >= 0, default (0.2, 2.0, 0.5)
+    {shared_parameters}
+
+    Attributes
+    ----------
+    {shared_attributes}
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gdacil.sklearn import RGDAClassifier
+    >>> rng = np.random.default_rng(0)
+    >>> y = np.arange(300) % 3
+    >>> X = rng.normal(size=(300, 4)) + 3.0 * np.eye(3, 4)[y]   # class c shifted along axis c
+    >>> clf = RGDAClassifier().fit(X, y)
+    >>> clf.predict_proba(X[:4]).shape, clf.score(X, y) > 0.9
+    ((4, 3), True)
+    """
+
+    _head_class = RGDA
+
+    def __init__(self, alpha1=PAPER_ALPHAS[0], alpha2=PAPER_ALPHAS[1], alpha3=PAPER_ALPHAS[2], *,
+                 priors=None, device=None, dtype="float64", class_batch_size="auto"):
+        super().__init__(priors=priors, device=device, dtype=dtype,
+                         class_batch_size=class_batch_size)
+        self.alpha1 = alpha1
+        self.alpha2 = alpha2
+        self.alpha3 = alpha3
+
+    def _needs_class_covariance(self) -> bool:
+        return self.alpha2 == 0 and self.alpha3 == 0
+
+
+@_fill_docstring
+class LRRGDAClassifier(_GaussianClassifier):
+    """Low-rank regularised Gaussian discriminant analysis, the paper's LR-RGDA
+    (:class:`gdacil.heads.LRRGDA`).
+
+    Each class covariance is the shared base ``alpha2 Sigma_avg + alpha3 I`` plus ``alpha1`` times
+    the class covariance's top-``rank`` eigenpairs. ``partial_fit`` re-decomposes only new or
+    changed classes (``head_.n_decomposed_``).
+
+    Parameters
+    ----------
+    rank : int, default 64
+        Rank of each class's covariance perturbation (``rank >= n_features`` is full RGDA).
+    alpha1, alpha2, alpha3 : float >= 0, default (0.2, 2.0, 0.5)
+        The paper's values, which assume features of scale about 1 (see the module notes).
+    decomposition : {"randomized", "eigh"}, default "randomized"
+    oversample : int, default 16
+    n_iter : int, default 4
+    random_state : int, default 0
+        Seed of the randomized decomposition (per class, independent of class order).
+    {shared_parameters}
+
+    Attributes
+    ----------
+    {shared_attributes}
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gdacil.sklearn import LRRGDAClassifier
+    >>> rng = np.random.default_rng(0)
+    >>> def task(label, center):
+    ...     return rng.normal(size=(50, 4)) + center, [label] * 50
+    >>> clf = LRRGDAClassifier(rank=2)
+    >>> clf = clf.partial_fit(*task("cat", [0, 0, 0, 0]))
+    >>> clf = clf.partial_fit(*task("dog", [3, 0, 0, 0]))
+    >>> clf = clf.partial_fit(*task("owl", [0, 3, 0, 0]))    # a class never seen before
+    >>> clf.classes_
+    array(['cat', 'dog', 'owl'], dtype='<U3')
+    >>> clf.predict([[0.1, 2.9, 0.0, 0.0], [2.8, 0.2, 0.1, 0.0]])
+    array(['owl', 'dog'], dtype='<U3')
+    >>> clf.head_.n_decomposed_    # only the new class was decomposed in the last call
+    1
+    """
+
+    _head_class = LRRGDA
+
+    def __init__(self, rank=64, alpha1=PAPER_ALPHAS[0], alpha2=PAPER_ALPHAS[1],
+                 alpha3=PAPER_ALPHAS[2], *, decomposition="randomized", oversample=16, n_iter=4,
+                 random_state=0, priors=None, device=None, dtype="float64",
+                 class_batch_size="auto"):
+        super().__init__(priors=priors, device=device, dtype=dtype,
+                         class_batch_size=class_batch_size)
+        self.rank = rank
+        self.alpha1 = alpha1
+        self.alpha2 = alpha2
+        self.alpha3 = alpha3
+        self.decomposition = decomposition
+        self.oversample = oversample
+        self.n_iter = n_iter
+        self.random_state = random_state

@@ -1,0 +1,83 @@
+import pytest
+import torch
+
+from gdacil.linalg import (
+    NumericalWarning,
+    orthonormalize,
+    psd_cholesky,
+    psd_factor,
+    randomized_top_eigh,
+    top_eigh,
+)
+
+f64 = dict(dtype=torch.float64)
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def low_rank_psd(batch, d, rank, seed=0):
+    G = torch.randn(batch, d, rank, generator=gen(seed), **f64)
+    return G @ G.transpose(1, 2)
+
+
+def test_psd_cholesky_leaves_good_matrices_alone_and_jitters_singular_ones():
+    good = low_rank_psd(2, 6, 10) + torch.eye(6, **f64)
+    L = psd_cholesky(good)
+    assert torch.allclose(L @ L.transpose(1, 2), good, atol=1e-12)
+    singular = torch.stack([good[0], low_rank_psd(1, 6, 2)[0]])
+    with pytest.warns(NumericalWarning, match="1 matrix"):
+        L = psd_cholesky(singular)
+    assert torch.isfinite(L).all()
+    assert torch.allclose(L[0], torch.linalg.cholesky(good[0]))  # untouched
+    rebuilt = L[1] @ L[1].T
+    assert (rebuilt - singular[1]).abs().max() < 1e-4 * singular[1].diagonal().mean()
+
+
+def test_psd_cholesky_refuses_nan_and_indefinite_matrices():
+    with pytest.raises(ValueError, match="NaN or inf"):
+        psd_cholesky(torch.full((3, 3), float("nan"), **f64))
+    with pytest.raises(ValueError, match="thing: could not be factorised"):
+        psd_cholesky(-torch.eye(3, **f64), name="thing", max_tries=3)
+
+
+def test_psd_cholesky_of_a_zero_matrix_is_regularised_at_unit_scale():
+    with pytest.warns(NumericalWarning):
+        L = psd_cholesky(torch.zeros(3, 3, **f64))
+    assert L.diagonal().min() > 1e-6  # a usable factor, not one of ~1e-150
+
+
+def test_psd_factor_is_exact_for_singular_matrices():
+    A = low_rank_psd(3, 8, 3)
+    F = psd_factor(A)
+    assert torch.allclose(F @ F.transpose(1, 2), A, atol=1e-10)
+
+
+@pytest.mark.parametrize("dependent", [False, True])
+def test_orthonormalize_spans_the_columns(dependent):
+    Y = torch.randn(4, 50, 12, generator=gen(1), **f64)
+    if dependent:
+        Y[..., 6:] = Y[..., :6] * 2.0  # rank 6: CholeskyQR cannot finish, Householder takes over
+    Q = orthonormalize(Y)
+    assert (Q.transpose(1, 2) @ Q - torch.eye(12, **f64)).abs().max() < 1e-10
+    # every column of Y lies in span(Q)
+    assert (Q @ (Q.transpose(1, 2) @ Y) - Y).abs().max() < 1e-10 * Y.abs().max()
+
+
+def decaying_psd(batch, d, seed=0):
+    U = torch.linalg.qr(torch.randn(batch, d, d, generator=gen(seed), **f64))[0]
+    return (U * 0.7 ** torch.arange(d, **f64)) @ U.transpose(1, 2)
+
+
+@pytest.mark.parametrize("true_rank", [3, 64])
+def test_randomized_top_eigh_matches_exact_including_rank_deficient_inputs(true_rank):
+    A = low_rank_psd(3, 64, true_rank, seed=2) if true_rank < 64 else decaying_psd(3, 64, seed=2)
+    U, s = randomized_top_eigh(A, 8, oversample=10, n_iter=6, generator=gen(3))
+    U0, s0 = top_eigh(A, 8)
+    assert torch.allclose(s, s0, rtol=1e-6, atol=1e-9 * s0.max())
+    # compare the projectors onto the leading eigenvectors that carry real energy
+    keep = min(true_rank, 8)
+    P = U[..., :keep] @ U[..., :keep].transpose(1, 2)
+    P0 = U0[..., :keep] @ U0[..., :keep].transpose(1, 2)
+    assert (P - P0).abs().max() < 1e-5
