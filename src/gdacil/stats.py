@@ -361,6 +361,15 @@ class ClassGaussians:
         return out
 
     # ----------------------------------------------------------------- sampling
+    def sampling_factors(self, labels: Sequence[int] | None = None, *, jitter: float = 0.0,
+                         batch_size: int = 64, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """Factors ``F_c`` with ``F_c F_c^T = Sigma_c + jitter I`` (see :func:`~gdacil.linalg.psd_factor`),
+        shape ``(k, d, d)``, to pass to :meth:`sample` as ``factors``."""
+        jitter = check_nonnegative(jitter, "jitter")
+        eye = torch.eye(self.dim, dtype=torch.float64, device=self.device)
+        return torch.cat([psd_factor(cov + jitter * eye if jitter else cov).to(dtype)
+                          for *_, cov in self.iter_batches(batch_size, labels)])
+
     def sample(
         self,
         n_per_class: int,
@@ -369,6 +378,7 @@ class ClassGaussians:
         labels: Sequence[int] | None = None,
         noise: torch.Tensor | None = None,
         jitter: float = 0.0,
+        factors: torch.Tensor | None = None,
         batch_size: int = 64,
         dtype: torch.dtype = torch.float64,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -386,6 +396,9 @@ class ClassGaussians:
             for singular covariances, e.g. classes with fewer samples than dimensions).
         jitter : float, default 0
             Added to the diagonal of every covariance before factorising.
+        factors : tensor ``(k, d, d)``, optional
+            Precomputed :meth:`sampling_factors` of ``labels`` (with the same ``jitter``), for
+            callers that sample the same classes many times.
 
         Returns
         -------
@@ -396,6 +409,9 @@ class ClassGaussians:
         n = check_positive_int(n_per_class, "n_per_class")
         jitter = check_nonnegative(jitter, "jitter")
         labels = self.classes if labels is None else [int(c) for c in labels]
+        if factors is not None and tuple(factors.shape) != (len(labels), self.dim, self.dim):
+            raise ValueError(f"factors must have shape ({len(labels)}, {self.dim}, {self.dim}); "
+                             f"got {tuple(factors.shape)}")
         if noise is not None and tuple(noise.shape) not in ((n, self.dim),
                                                             (len(labels), n, self.dim)):
             raise ValueError(f"noise must have shape ({n}, {self.dim}) or ({len(labels)}, {n}, "
@@ -404,7 +420,8 @@ class ClassGaussians:
         xs, ys, start = [], [], 0
         for block, _, mu, cov in self.iter_batches(batch_size, labels):
             k = len(block)
-            L = psd_factor(cov + jitter * eye if jitter else cov)
+            L = (factors[start : start + k].to(device=self.device, dtype=torch.float64)
+                 if factors is not None else psd_factor(cov + jitter * eye if jitter else cov))
             if noise is None:
                 E = torch.randn((k, n, self.dim), dtype=torch.float64, generator=generator)
             elif noise.ndim == 2:

@@ -109,8 +109,10 @@ class SGDHead(GaussianHead):
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total, eta_min=self.min_lr)
         smoothed, best, since_best, self.loss_curve_ = None, math.inf, 0, []
         step = 0
+        factors = stats.sampling_factors()  # factor once, redraw the pool many times
         while step < total:
-            X, y = stats.sample(self.samples_per_class, generator=gen, dtype=torch.float32)
+            X, y = stats.sample(self.samples_per_class, generator=gen, factors=factors,
+                                dtype=torch.float32)
             X, target = X.to(self.device_), stats.positions(y.tolist()).to(self.device_)
             for _ in range(min(self.resample_every, total - step)):
                 idx = torch.randint(0, X.shape[0], (self.batch_size,), generator=gen).to(self.device_)

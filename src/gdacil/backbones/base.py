@@ -1,0 +1,188 @@
+"""The backbone interface: raw inputs in, fixed-dimension features out, plus a fingerprint."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from ..hashing import sha256_json, sha256_tensors
+from .blocks import BlockLinears, find_blocks
+from .preprocess import ImagePreprocess
+
+__all__ = [
+    "FINAL_NORMS",
+    "Backbone",
+    "ImageBackbone",
+    "check_final_norm",
+    "make_final_layernorm_nonaffine",
+    "normalize_features",
+]
+
+#: What is applied at the end of a backbone:
+#: ``"pretrained"``: the model as shipped (for ViTs its learned final LayerNorm);
+#: ``"nonaffine_ln"``: a parameter-free LayerNorm (zero mean, unit variance per sample; for ViTs it
+#: replaces the final LayerNorm, as the reference code does for every backbone);
+#: ``"l2"``: as shipped, then L2-normalised (what sentence-transformers does).
+FINAL_NORMS = ("pretrained", "nonaffine_ln", "l2")
+
+
+def check_final_norm(final_norm: str) -> str:
+    if final_norm not in FINAL_NORMS:
+        raise ValueError(f"unknown final_norm {final_norm!r}; known: {', '.join(FINAL_NORMS)}")
+    return final_norm
+
+
+def normalize_features(
+    f: torch.Tensor, final_norm: str, eps: float = 1e-12, *, in_model: bool = False
+) -> torch.Tensor:
+    """Apply ``final_norm`` to features ``(n, d)`` (see :data:`FINAL_NORMS`).
+
+    ``in_model=True``: the model already holds the non-affine LayerNorm (see
+    :func:`make_final_layernorm_nonaffine`), so only ``"l2"`` is left to apply.
+    """
+    if final_norm == "l2":
+        return nn.functional.normalize(f, dim=-1)
+    if final_norm == "nonaffine_ln" and not in_model:
+        return nn.functional.layer_norm(f, f.shape[-1:], eps=eps)
+    return f
+
+
+def make_final_layernorm_nonaffine(model: nn.Module, path: str) -> None:
+    """Replace the ``nn.LayerNorm`` at module ``path`` by a parameter-free one (same shape and
+    eps), in place: the reference code's treatment of every ViT's final norm."""
+    old = model.get_submodule(path)
+    if not isinstance(old, nn.LayerNorm):
+        raise TypeError(f"{path} is a {type(old).__name__}, not a LayerNorm")
+    parent_path, _, attr = path.rpartition(".")
+    parent = model.get_submodule(parent_path) if parent_path else model
+    new = nn.LayerNorm(old.normalized_shape, eps=old.eps, elementwise_affine=False)
+    setattr(parent, attr, new)
+
+
+class Backbone(abc.ABC):
+    """A feature extractor with its own preprocessing.
+
+    Subclasses set :attr:`model` (the ``torch.nn.Module`` that Stage-1 strategies may train),
+    :attr:`dim` and :attr:`modality`, and implement :meth:`preprocess`, :meth:`forward` and
+    :meth:`extraction_config`.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+    dim : int
+        Feature dimension.
+    name : str
+        Registry name (recorded in :meth:`config`).
+    device : torch.device or str
+    """
+
+    #: ``"image"`` or ``"text"``: what :meth:`preprocess` accepts.
+    modality: str = ""
+
+    def __init__(
+        self, model: nn.Module, dim: int, *, name: str, device: torch.device | str = "cpu"
+    ):
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.dim = int(dim)
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, dim={self.dim}, device={self.device})"
+
+    @abc.abstractmethod
+    def preprocess(self, raw: Sequence) -> dict[str, torch.Tensor]:
+        """Turn a batch of raw inputs into model inputs (CPU tensors)."""
+
+    @abc.abstractmethod
+    def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Features ``(n, dim)`` of preprocessed inputs (on :attr:`device`); differentiable."""
+
+    @abc.abstractmethod
+    def extraction_config(self) -> dict:
+        """JSON-able description of everything except the weights that determines the features
+        (architecture, pooling, final norm, preprocessing). Part of :meth:`fingerprint`."""
+
+    def config(self) -> dict:
+        """JSON-able record of this backbone (registry name plus :meth:`extraction_config`)."""
+        return {"name": self.name, "dim": self.dim, **self.extraction_config()}
+
+    def to(self, device: torch.device | str) -> Backbone:
+        """Move the model to ``device`` (in place); returns ``self``."""
+        self.device = torch.device(device)
+        self.model.to(self.device)
+        return self
+
+    def extract(self, raw: Sequence, *, batch_size: int | None = None) -> torch.Tensor:
+        """Features of raw inputs in evaluation mode, without gradients: float32 ``(n, dim)`` on
+        the CPU. The model's train/eval mode is restored afterwards."""
+        n = len(raw)
+        step = n if not batch_size else int(batch_size)
+        was_training = self.model.training
+        self.model.eval()
+        out = []
+        try:
+            with torch.no_grad():
+                for start in range(0, n, max(step, 1)):
+                    inputs = self.preprocess(raw[start : start + step])
+                    inputs = {k: v.to(self.device) for k, v in inputs.items()}
+                    out.append(self.forward(inputs).float().cpu())
+        finally:
+            self.model.train(was_training)
+        return torch.cat(out) if out else torch.empty(0, self.dim)
+
+    def weights_fingerprint(self) -> str:
+        """sha256 of every tensor in ``model.state_dict()`` (sorted by name): changes with any
+        weight, buffer or adapter registered in the model."""
+        return sha256_tensors(sorted(self.model.state_dict().items()))
+
+    def fingerprint(self) -> str:
+        """Stable hash of the weights and of :meth:`extraction_config`: equal fingerprints give
+        equal features (up to device round-off). Used as the feature-cache key."""
+        return sha256_json(
+            {"extraction": self.extraction_config(), "weights": self.weights_fingerprint()}
+        )
+
+    def blocks(self) -> list[BlockLinears]:
+        """The linear layers of each transformer block (see :func:`find_blocks`)."""
+        return find_blocks(self.model)
+
+
+class ImageBackbone(Backbone):
+    """A backbone over images, preprocessed by an :class:`ImagePreprocess` (``transform``).
+
+    Subclasses set ``final_norm`` and implement :meth:`forward` and :meth:`architecture`.
+    """
+
+    modality = "image"
+    final_norm: str = "pretrained"
+
+    def __init__(
+        self,
+        model: nn.Module,
+        dim: int,
+        *,
+        transform: ImagePreprocess | dict,
+        name: str,
+        device: torch.device | str = "cpu",
+    ):
+        self.transform = ImagePreprocess(**transform) if isinstance(transform, dict) else transform
+        super().__init__(model, dim, name=name, device=device)
+
+    def preprocess(self, raw: Sequence) -> dict[str, torch.Tensor]:
+        return {"pixel_values": self.transform(raw)}
+
+    @abc.abstractmethod
+    def architecture(self) -> dict:
+        """JSON-able description of the network (class, family, checkpoint name...)."""
+
+    def extraction_config(self) -> dict:
+        return {
+            "class": type(self).__name__,
+            **self.architecture(),
+            "final_norm": self.final_norm,
+            "preprocess": self.transform.to_dict(),
+        }

@@ -1,0 +1,104 @@
+"""Loading Hugging Face ``transformers`` models: from a hub id, a local directory, or a config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .._optional import require
+
+__all__ = ["HFOrigin", "load_pretrained", "seeded_init", "transformers_module"]
+
+
+def transformers_module(feature: str):
+    return require("transformers", feature=feature, install="pip install transformers")
+
+
+def load_pretrained(
+    model_class,
+    source: str,
+    *,
+    local_files_only: bool = False,
+    revision: str | None = None,
+    **kwargs,
+):
+    """``model_class.from_pretrained(source)`` with an error that says what to do when offline.
+
+    A local directory is read with ``local_files_only=True`` (never touches the hub).
+    """
+    local = Path(source).expanduser().is_dir()
+    try:
+        return model_class.from_pretrained(
+            str(Path(source).expanduser()) if local else source,
+            local_files_only=local or local_files_only,
+            revision=revision,
+            **kwargs,
+        )
+    except OSError as err:
+        where = (
+            f"the directory {source!r} does not hold a Hugging Face checkpoint"
+            if local
+            else f"{source!r} is not a local directory and the Hugging Face hub could not provide "
+            f"it (no internet access?); download it where you have access and pass the "
+            f"directory as source="
+        )
+        raise OSError(
+            f"could not load {model_class.__name__} from {source!r}: {where}. Cause: {err}"
+        ) from err
+
+
+def seeded_init(factory, config, *, init_seed: int = 0, **kwargs):
+    """A randomly initialised ``factory(config, **kwargs)``, seeded with ``init_seed`` inside a
+    forked RNG so the global torch RNG is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(init_seed)
+        return factory(config, **kwargs)
+
+
+@dataclass(frozen=True)
+class HFOrigin:
+    """Where a ``transformers`` model comes from: a hub id or directory, or a config for a
+    randomly initialised model.
+
+    Build it with :meth:`resolve`, which refuses both at once and fills in the default source.
+    """
+
+    source: str | None
+    config: dict | None
+    revision: str | None = None
+    init_seed: int = 0
+
+    @classmethod
+    def resolve(cls, source, config, default: str, revision=None, init_seed: int = 0):
+        if source is not None and config is not None:
+            raise ValueError(
+                "pass either source (pretrained weights) or config (random init), not both"
+            )
+        if config is not None:
+            return cls(None, dict(config), revision, init_seed)
+        return cls(source or default, None, revision, init_seed)
+
+    def load(self, pretrained, make_config, from_config, *, local_files_only=False, **kwargs):
+        """``pretrained.from_pretrained(source)``, or ``from_config(make_config(**config))``
+        initialised with ``init_seed``; ``kwargs`` go to both."""
+        if self.config is not None:
+            return seeded_init(
+                from_config, make_config(**self.config), init_seed=self.init_seed, **kwargs
+            )
+        return load_pretrained(
+            pretrained,
+            self.source,
+            local_files_only=local_files_only,
+            revision=self.revision,
+            **kwargs,
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "source": self.source,
+            "config": self.config,
+            "revision": self.revision,
+            "init_seed": self.init_seed,
+        }

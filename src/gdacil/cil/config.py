@@ -1,0 +1,225 @@
+"""Experiment configuration: small dataclasses, loaded from YAML with errors that say what to fix."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ConfigError", "BackboneConfig", "HeadConfig", "AnchorConfig",
+    "ExperimentConfig", "load_config", "apply_overrides", "config_from_dict",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration file or override is invalid; the message names the key and the fix."""
+
+
+@dataclass
+class BackboneConfig:
+    """Which backbone extracts features; ``options`` go to its factory."""
+
+    name: str = "minilm"
+    options: dict = field(default_factory=dict)
+    projection_dim: int | None = None  # random ReLU projection (RanPAC-style) on top, if set
+    projection_seed: int = 0
+    batch_size: int = 64
+
+
+@dataclass
+class HeadConfig:
+    """One head to build after every task: a registered ``name`` and its parameters."""
+
+    name: str = "lr_rgda"
+    params: dict = field(default_factory=dict)
+
+
+@dataclass
+class AnchorConfig:
+    """Unlabelled anchors for drift compensation."""
+
+    n: int = 1024
+    seed: int = 0
+    pool: str = "outside"
+
+
+@dataclass
+class ExperimentConfig:
+    """A whole class-incremental experiment."""
+
+    name: str = "experiment"
+    seeds: list = field(default_factory=lambda: [1993])
+    # the fields of gdacil.data.Protocol, less the seed (which comes from ``seeds``)
+    protocol: dict = field(default_factory=lambda: {"datasets": ["wordnet-hypernym"],
+                                                    "increment": 10})
+    backbone: BackboneConfig = field(default_factory=BackboneConfig)
+    heads: dict = field(default_factory=lambda: {"lr_rgda": HeadConfig()})
+    ddof: int = 0
+    output_dir: str | None = None  # default: runs/<name>
+    cache_dir: str = "~/.cache/gdacil/features"
+    progress: bool = True
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def __post_init__(self):
+        if not self.seeds:
+            raise ConfigError("seeds: give at least one seed")
+        if self.ddof not in (0, 1):
+            raise ConfigError(f"ddof must be 0 or 1; got {self.ddof!r}")
+        if not self.heads:
+            raise ConfigError("heads: configure at least one head")
+        if "seed" in self.protocol:
+            raise ConfigError("protocol.seed: set the run seeds with the top-level `seeds` list")
+        try:
+            self.build_protocol(self.seeds[0])
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"protocol: {exc}") from None
+
+    def build_protocol(self, seed: int):
+        """The :class:`gdacil.data.Protocol` of this experiment for run seed ``seed``."""
+        from ..data import Protocol
+
+        return Protocol.from_dict({**self.protocol, "seed": seed})
+
+
+# ---------------------------------------------------------------------- parsing
+def _type_ok(value, annotation) -> bool:
+    origin = typing.get_origin(annotation)
+    if annotation is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in typing.get_args(annotation))
+    if annotation is type(None):
+        return value is None
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    base = origin or annotation
+    return isinstance(value, base)
+
+
+def _type_name(annotation) -> str:
+    names = {dict: "a mapping", list: "a list", int: "an integer", float: "a number",
+             str: "a string", bool: "true or false"}
+    if annotation in names:
+        return names[annotation]
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+
+
+def config_from_dict(cls, data, where: str = ""):
+    """Build dataclass ``cls`` from a mapping, refusing unknown keys and values of the wrong type."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{where or 'config'}: unknown key(s) {unknown}; known keys: {sorted(known)}")
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else key
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            kwargs[key] = config_from_dict(hint, value, path)
+        elif cls is ExperimentConfig and key == "heads":
+            kwargs[key] = _heads(value, path)
+        else:
+            if not _type_ok(value, hint):
+                raise ConfigError(f"{path}: expected {_type_name(hint)}, got {value!r}")
+            kwargs[key] = value
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where or 'config'}: {exc}") from None
+
+
+def _heads(value, where: str) -> dict:
+    """``heads`` maps a label to ``{name: ..., params: {...}}`` or, briefly, to the params of the
+    head registered under the label itself (``lda: {shrinkage: 0.1}``)."""
+    from ..heads import HEADS
+
+    if isinstance(value, list):
+        value = {name: {} for name in value}
+    if not isinstance(value, dict) or not value:
+        raise ConfigError(f"{where}: expected a non-empty mapping label -> head settings")
+    out = {}
+    for label, spec in value.items():
+        spec = {} if spec is None else spec
+        if not isinstance(spec, dict):
+            raise ConfigError(f"{where}.{label}: expected a mapping, got {spec!r}")
+        if "name" in spec or "params" in spec:
+            head = config_from_dict(HeadConfig, spec, f"{where}.{label}")
+        else:
+            head = HeadConfig(name=label, params=dict(spec))
+        if head.name not in HEADS:
+            raise ConfigError(f"{where}.{label}: unknown head {head.name!r}; known heads: "
+                              f"{', '.join(sorted(HEADS))}")
+        _check_head_params(head, f"{where}.{label}")
+        out[str(label)] = head
+    return out
+
+
+def _check_head_params(head: HeadConfig, where: str) -> None:
+    import inspect
+
+    from ..heads import HEADS
+
+    accepted = set(inspect.signature(HEADS[head.name].__init__).parameters) - {"self"}
+    unknown = sorted(set(head.params) - accepted)
+    if unknown:
+        raise ConfigError(f"{where}: head {head.name!r} has no parameter(s) {unknown}; "
+                          f"it takes {sorted(accepted)}")
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply ``key.sub=value`` overrides (values parsed as YAML) to a raw config mapping."""
+    import yaml
+
+    data = dict(data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected key=value (e.g. --set seeds=[1,2])")
+        value = yaml.safe_load(raw) if raw else None
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = {}
+            elif not isinstance(child, dict):
+                raise ConfigError(f"--set {item!r}: {part!r} is not a section")
+            node[part] = child = dict(child)
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None,
+                *, base: dict | None = None) -> ExperimentConfig:
+    """Read a YAML config (or start from ``base``), apply ``--set`` overrides, validate."""
+    import yaml
+
+    data: dict = dict(base or {})
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist (see `gdacil list configs`)")
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of settings")
+        data.update(loaded)
+    data = apply_overrides(data, overrides or [])
+    return config_from_dict(ExperimentConfig, data)

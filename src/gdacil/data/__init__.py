@@ -1,0 +1,91 @@
+"""Datasets, class-incremental protocols, anchor sets and the feature cache.
+
+Datasets are built by name from :data:`DATASETS`:
+
+=======================  ======================================================================
+name                     what (and how to get it)
+=======================  ======================================================================
+``fashion-mnist``        10 classes, official split (``apt-get install -y dataset-fashion-mnist``)
+``wordnet-hypernym``     gloss texts, 100 hypernym classes (``apt-get install -y wordnet-base``)
+``wordnet-supersense``   gloss texts, 40 lexicographer-file classes (same package)
+``openclipart``          clip-art images, 43 folder classes (``apt-get install -y openclipart-png``)
+``cifar100``             CIFAR-100 python files (download yourself; read without unsafe pickle)
+``imagenet-r``, ``cub200``, ``cars196``, ``caltech101``, ``flowers102``, ``food101``
+                         image folders (download yourself; see :mod:`gdacil.data.image_folder`)
+``image-folder``         any image folder (``root=`` required)
+=======================  ======================================================================
+
+>>> from gdacil.data import Protocol
+>>> tasks = Protocol("fashion-mnist", seed=1993, initial=2, increment=2,
+...                  train_cap=20, test_cap=10).build()          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from ..registry import Registry
+from .anchors import ANCHOR_POOLS, anchor_pool, draw_anchors
+from .base import DataNotFoundError, Dataset, SampleIndex
+from .cache import FeatureCache, extract_features
+from .cifar import CIFAR100, read_cifar_pickle
+from .fashion_mnist import FashionMNIST
+from .image_folder import IMAGE_FOLDER_PRESETS, ImageFolder
+from .openclipart import Openclipart
+from .protocol import ManifestMismatchError, Protocol, Task, TaskSequence, split_id
+from .wordnet import WordNetHypernyms, WordNetSupersenses, read_wordnet
+
+__all__ = [
+    "ANCHOR_POOLS",
+    "CIFAR100",
+    "CROSS_DOMAIN_DATASETS",
+    "DATASETS",
+    "IMAGE_FOLDER_PRESETS",
+    "DataNotFoundError",
+    "Dataset",
+    "FashionMNIST",
+    "FeatureCache",
+    "ImageFolder",
+    "ManifestMismatchError",
+    "Openclipart",
+    "Protocol",
+    "SampleIndex",
+    "Task",
+    "TaskSequence",
+    "WordNetHypernyms",
+    "WordNetSupersenses",
+    "anchor_pool",
+    "build_dataset",
+    "draw_anchors",
+    "extract_features",
+    "read_cifar_pickle",
+    "read_wordnet",
+    "split_id",
+]
+
+#: The paper's cross-domain benchmark, in its task order.
+CROSS_DOMAIN_DATASETS = (
+    "cifar100",
+    "imagenet-r",
+    "cars196",
+    "cub200",
+    "caltech101",
+    "flowers102",
+    "food101",
+)
+
+#: Dataset factories by name; ``build_dataset(name, **options)`` calls them.
+DATASETS = Registry("dataset")
+DATASETS.register("fashion-mnist", FashionMNIST)
+DATASETS.register("wordnet-hypernym", WordNetHypernyms)
+DATASETS.register("wordnet-supersense", WordNetSupersenses)
+DATASETS.register("openclipart", Openclipart)
+DATASETS.register("cifar100", CIFAR100)
+DATASETS.register("image-folder", ImageFolder)
+for _name in IMAGE_FOLDER_PRESETS:
+    DATASETS.register(_name, partial(ImageFolder, name=_name))
+
+
+def build_dataset(name: str, /, **options) -> Dataset:
+    """Build the dataset registered as ``name``; unknown names list the known ones."""
+    return DATASETS.build(name, **options)

@@ -1,0 +1,203 @@
+"""The dataset interface: class names, sample ids per split, and loading raw samples by id."""
+
+from __future__ import annotations
+
+import abc
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..hashing import sha256_json, sha256_strings
+from ..registry import UnknownNameError
+
+__all__ = [
+    "ArrayDataset",
+    "DataNotFoundError",
+    "Dataset",
+    "ListedDataset",
+    "SampleIndex",
+    "data_root",
+    "require_file",
+]
+
+
+class DataNotFoundError(FileNotFoundError):
+    """Data files are missing; the message names the path and how to obtain them."""
+
+
+def require_file(path: Path, what: str, fix: str) -> Path:
+    """Return ``path`` if it exists, else raise :class:`DataNotFoundError` naming ``fix``."""
+    if not path.exists():
+        raise DataNotFoundError(f"{what} not found: {path} does not exist. {fix}")
+    return path
+
+
+def data_root(name: str, root: str | os.PathLike | None) -> Path:
+    """``root`` if given, else ``$GDACIL_DATA/<name>``, else ``~/.cache/gdacil/data/<name>``."""
+    if root is not None:
+        return Path(root).expanduser()
+    base = os.environ.get("GDACIL_DATA")
+    return (Path(base).expanduser() if base else Path.home() / ".cache" / "gdacil" / "data") / name
+
+
+@dataclass(frozen=True)
+class SampleIndex:
+    """Sample ids and integer labels of one split, in a fixed (sorted) order.
+
+    Attributes
+    ----------
+    ids : tuple of str
+        Dataset-local sample ids (a file path relative to the root, ``"train/00042"``, ...).
+    labels : numpy.ndarray
+        int64 class index of each id (into the dataset's ``classes``); read-only.
+    """
+
+    ids: tuple[str, ...]
+    labels: np.ndarray
+
+    def __post_init__(self):
+        labels = np.array(self.labels, dtype=np.int64)  # a read-only copy: indices are shared
+        labels.setflags(write=False)
+        if labels.shape != (len(self.ids),):
+            raise ValueError(f"{len(self.ids)} ids but labels of shape {labels.shape}")
+        object.__setattr__(self, "labels", labels)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def of_class(self, label: int) -> tuple[str, ...]:
+        """The ids with ``label``, in index order."""
+        return tuple(self.ids[i] for i in np.flatnonzero(self.labels == label))
+
+
+class Dataset(abc.ABC):
+    """A labelled dataset with named classes.
+
+    Subclasses implement :meth:`classes`, :meth:`index` and :meth:`load`, set :attr:`name`,
+    :attr:`modality` and :attr:`splits`, and may override :meth:`unlabelled` (samples outside
+    every class: a pool of anchors) and :meth:`config`.
+    """
+
+    #: Registry name.
+    name: str = ""
+    #: ``"image"`` (``load`` returns ``PIL.Image``) or ``"text"`` (``load`` returns ``str``).
+    modality: str = ""
+    #: ``("train", "test")`` for datasets with an official split, ``("all",)`` otherwise (then a
+    #: protocol splits each class itself).
+    splits: tuple[str, ...] = ("train", "test")
+
+    @property
+    @abc.abstractmethod
+    def classes(self) -> tuple[str, ...]:
+        """Class names; label ``i`` is ``classes[i]``."""
+
+    @abc.abstractmethod
+    def index(self, split: str) -> SampleIndex:
+        """All samples of ``split`` (one of :attr:`splits`)."""
+
+    @abc.abstractmethod
+    def load(self, ids: Sequence[str]) -> list:
+        """Raw samples (PIL images or strings) for ``ids``, in order."""
+
+    def unlabelled(self) -> tuple[str, ...]:
+        """Ids of samples outside every class (for anchors); none by default."""
+        return ()
+
+    def config(self) -> dict:
+        """JSON-able options that define this dataset's content (not where it is stored)."""
+        return {}
+
+    def identity(self) -> dict:
+        """Name, config and a hash of the full listing (every split's ids and labels, and the
+        unlabelled ids): any added, removed, renamed or relabelled file changes it."""
+        listing = {
+            s: [
+                sha256_strings(self.index(s).ids),
+                sha256_strings(map(str, self.index(s).labels.tolist())),
+            ]
+            for s in self.splits
+        }
+        listing["unlabelled"] = sha256_strings(self.unlabelled())
+        listing["classes"] = sha256_strings(self.classes)
+        return {"name": self.name, "config": self.config(), "listing_sha256": sha256_json(listing)}
+
+    def check_split(self, split: str) -> str:
+        if split not in self.splits:
+            raise ValueError(f"{self.name} has splits {', '.join(self.splits)}; got {split!r}")
+        return split
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, classes={len(self.classes)})"
+
+
+class ListedDataset(Dataset):
+    """A dataset without an official split (``splits = ("all",)``) whose listing is made once,
+    in the constructor, by :meth:`_set_listing`."""
+
+    splits = ("all",)
+
+    def _set_listing(
+        self, classes: Sequence[str], index: SampleIndex, unlabelled: Sequence[str] = ()
+    ) -> None:
+        self._classes = tuple(classes)
+        self._index = index
+        self._unlabelled = tuple(unlabelled)
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        return self._classes
+
+    def index(self, split: str) -> SampleIndex:
+        self.check_split(split)
+        return self._index
+
+    def unlabelled(self) -> tuple[str, ...]:
+        return self._unlabelled
+
+
+class ArrayDataset(Dataset):
+    """Images held as one uint8 array per split (read lazily, once); ids ``"<split>/<number>"``.
+
+    Subclasses implement :meth:`_read`.
+    """
+
+    modality = "image"
+
+    def __init__(self):
+        self._arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._indices: dict[str, SampleIndex] = {}
+
+    @abc.abstractmethod
+    def _read(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        """Images ``(n, H, W)`` or ``(n, H, W, 3)`` uint8 and int64 labels ``(n,)`` of ``split``."""
+
+    def _split(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        if split not in self._arrays:
+            images, labels = self._read(self.check_split(split))
+            if len(images) != len(labels):
+                raise ValueError(f"{self.name} {split}: {len(images)} images, {len(labels)} labels")
+            self._arrays[split] = (images, np.asarray(labels, dtype=np.int64))
+        return self._arrays[split]
+
+    def index(self, split: str) -> SampleIndex:
+        if split not in self._indices:
+            labels = self._split(split)[1]
+            ids = tuple(f"{split}/{i:05d}" for i in range(len(labels)))
+            self._indices[split] = SampleIndex(ids, labels)
+        return self._indices[split]
+
+    def load(self, ids: Sequence[str]) -> list:
+        from PIL import Image
+
+        out = []
+        for sid in ids:
+            split, _, num = sid.partition("/")
+            if split not in self.splits or not num.isdigit():
+                raise UnknownNameError(
+                    f"not a {self.name} sample id: {sid!r} (expected '<split>/<number>')"
+                )
+            out.append(Image.fromarray(np.ascontiguousarray(self._split(split)[0][int(num)])))
+        return out

@@ -1,0 +1,145 @@
+"""Content-addressed feature cache (safetensors files, atomic writes, no pickles).
+
+A cache entry is keyed by the sha256 of: the backbone's :meth:`~gdacil.backbones.Backbone.
+fingerprint` (its weights, including any adaptation, and its preprocessing), the ordered sample
+ids, and an optional ``namespace`` (e.g. the dataset identity). Change any weight, preprocessing
+option or sample, and the key changes. Entries live in ``<root>/<key[:2]>/<key>.safetensors``
+with the key's inputs stored as metadata and checked on load.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from ..hashing import sha256_json, sha256_strings
+from ..io import load_tensors, save_tensors
+
+__all__ = ["FeatureCache", "extract_features"]
+
+
+def extract_features(
+    backbone,
+    ids: Sequence[str],
+    load: Callable[[Sequence[str]], list],
+    *,
+    batch_size: int = 64,
+    progress: bool = False,
+) -> torch.Tensor:
+    """Features ``(len(ids), backbone.dim)`` of the samples ``ids``, loading and extracting
+    ``batch_size`` at a time (so memory holds one batch of raw samples).
+
+    Parameters
+    ----------
+    backbone : Backbone
+    ids : sequence of str
+    load : callable
+        ``load(ids) -> raw samples`` (e.g. ``TaskSequence.load`` or ``Dataset.load``).
+    batch_size : int
+    progress : bool
+        Show a tqdm progress bar.
+    """
+    starts = range(0, len(ids), batch_size)
+    if progress:
+        from tqdm.auto import tqdm
+
+        starts = tqdm(
+            starts,
+            total=len(starts),
+            unit="batch",
+            desc=f"features ({getattr(backbone, 'name', 'backbone')})",
+        )
+    parts = [backbone.extract(load(ids[s : s + batch_size])) for s in starts]
+    return torch.cat(parts) if parts else torch.empty(0, backbone.dim)
+
+
+class FeatureCache:
+    """Features on disk, keyed by backbone fingerprint and sample ids.
+
+    Parameters
+    ----------
+    root : str or os.PathLike
+        Cache directory (created on first write).
+
+    Examples
+    --------
+    >>> cache = FeatureCache("~/.cache/gdacil/features")              # doctest: +SKIP
+    >>> X = cache.get_or_compute(backbone, task.train.ids, tasks.load)  # doctest: +SKIP
+    """
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root).expanduser()
+        #: How many entries were computed / read since this object was made.
+        self.misses = 0
+        self.hits = 0
+
+    def key(self, fingerprint: str, ids: Sequence[str], namespace: str = "") -> str:
+        """The entry key for a backbone ``fingerprint``, ordered ``ids`` and ``namespace``."""
+        return sha256_json(self._key_inputs(fingerprint, ids, namespace))
+
+    @staticmethod
+    def _key_inputs(fingerprint: str, ids: Sequence[str], namespace: str) -> dict:
+        return {
+            "backbone": fingerprint,
+            "ids_sha256": sha256_strings(ids),
+            "n": len(ids),
+            "namespace": namespace,
+        }
+
+    def path(self, key: str) -> Path:
+        return self.root / key[:2] / f"{key}.safetensors"
+
+    def get(self, key: str) -> torch.Tensor | None:
+        """The cached features for ``key``, or ``None``."""
+        path = self.path(key)
+        if not path.is_file():
+            return None
+        tensors, meta = load_tensors(path)
+        if sha256_json(meta.get("key_inputs")) != key:
+            raise ValueError(f"{path} does not hold the entry for its key (corrupt cache?)")
+        return tensors["features"]
+
+    def put(self, key: str, features: torch.Tensor, key_inputs: dict) -> Path:
+        """Store ``features`` under ``key`` (atomically)."""
+        if sha256_json(key_inputs) != key:
+            raise ValueError("key_inputs do not hash to key")
+        return save_tensors(self.path(key), {"features": features}, {"key_inputs": key_inputs})
+
+    def get_or_compute(
+        self,
+        backbone,
+        ids: Sequence[str],
+        load: Callable[[Sequence[str]], list],
+        *,
+        namespace: str = "",
+        batch_size: int = 64,
+        progress: bool = False,
+    ) -> torch.Tensor:
+        """Cached features of ``ids`` under ``backbone``, computing and storing them if absent.
+
+        Parameters
+        ----------
+        backbone : Backbone
+        ids : sequence of str
+            Sample ids, in the order of the returned rows.
+        load : callable
+            ``load(ids) -> raw samples``.
+        namespace : str
+            Extra key text, e.g. a dataset identity hash when ids alone are ambiguous.
+        batch_size, progress
+            See :func:`extract_features`.
+        """
+        ids = list(ids)
+        inputs = self._key_inputs(backbone.fingerprint(), ids, namespace)
+        key = sha256_json(inputs)
+        cached = self.get(key)
+        if cached is not None:
+            self.hits += 1
+            return cached
+        features = extract_features(backbone, ids, load, batch_size=batch_size, progress=progress)
+        self.put(key, features, inputs)
+        self.misses += 1
+        return features
