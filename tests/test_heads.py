@@ -411,3 +411,25 @@ def test_sgd_head_samples_singular_covariances_without_warnings():
         warnings.simplefilter("error")
         head = SGDHead(base_steps=50, steps_per_class=0).fit(stats)
     assert torch.isfinite(head.decision_function(queries(stats.dim))).all()
+
+
+# ------------------------------------------------------------------ exact top-k with pruning
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("spread", [0.5, 4.0])  # overlapping and well-separated classes
+def test_pruned_top_k_equals_dense_top_k(dtype, spread):
+    g = torch.Generator().manual_seed(0)
+    d, C = 24, 40
+    means = spread * torch.randn(C, d, generator=g, dtype=torch.float64)
+    X = torch.cat([means[c] + torch.randn(30, d, generator=g, dtype=torch.float64)
+                   @ torch.diag(torch.linspace(2.0, 0.1, d, dtype=torch.float64)) for c in range(C)])
+    y = torch.arange(C).repeat_interleave(30)
+    head = LRRGDA(rank=6, dtype=dtype).fit(ClassGaussians(d).update(X, y))
+    queries = X[::7] + 0.1 * torch.randn(len(X[::7]), d, generator=g, dtype=torch.float64)
+    dense_scores, dense_labels = head.top_k(queries, 5, pruned=False)
+    assert torch.equal(dense_labels[:, 0], head.predict(queries))
+    for screen_rank in (0, 2, 5):
+        scores, labels = head.top_k(queries, 5, screen_rank=screen_rank, sample_batch=16)
+        assert torch.equal(labels, dense_labels)
+        assert torch.equal(scores, dense_scores) or torch.allclose(scores, dense_scores, rtol=1e-5)
+    if spread == 4.0:
+        assert head.last_pruning_["pairs_scored_fraction"] < 0.5

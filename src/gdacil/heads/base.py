@@ -123,18 +123,21 @@ class GaussianHead(ABC):
 
     def _score_blocks(self, X: torch.Tensor):
         """Yield ``(start, stop, scores)`` for consecutive blocks of classes."""
-        C, rows_per_class, d = self.rows_.shape
+        C, rows_per_class, _ = self.rows_.shape
         block = self._block_size(rows_per_class, X.shape[0])
         for start in range(0, C, block):
             stop = min(C, start + block)
-            R = self.rows_[start:stop].reshape(-1, d)
-            b = self.bias_[start:stop].reshape(-1)
-            Z = torch.addmm(b, X, R.T).view(X.shape[0], stop - start, rows_per_class)
-            scores = Z[:, :, 0]
-            if rows_per_class > 1:
-                Q = Z[:, :, 1:]
-                scores = scores + (0.5 * self.sign_) * torch.linalg.vecdot(Q, Q)
-            yield start, stop, scores
+            yield start, stop, self._score_rows(X, self.rows_[start:stop], self.bias_[start:stop])
+
+    def _score_rows(self, X: torch.Tensor, rows: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """Scores ``(n, k)`` of ``X`` against the stacked rows ``(k, 1 + q, d)`` of ``k`` classes."""
+        k, rows_per_class, d = rows.shape
+        Z = torch.addmm(bias.reshape(-1), X, rows.reshape(-1, d).T).view(X.shape[0], k, rows_per_class)
+        scores = Z[:, :, 0]
+        if rows_per_class > 1:
+            Q = Z[:, :, 1:]
+            scores = scores + (0.5 * self.sign_) * torch.linalg.vecdot(Q, Q)
+        return scores
 
     def _decision(self, X: torch.Tensor) -> torch.Tensor:
         out = torch.empty(X.shape[0], self.rows_.shape[0], dtype=self.dtype, device=self.device_)

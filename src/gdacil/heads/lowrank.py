@@ -2,18 +2,23 @@
 
 With ``B = alpha2 Sigma_avg + alpha3 I`` and the top-r eigenpairs ``(U_c, s_c)`` of ``Sigma_c``,
 ``Sigma_c^reg ~= B + Ut_c Ut_c^T`` where ``Ut_c = sqrt(alpha1) U_c diag(sqrt(s_c))``. Woodbury and
-the matrix determinant lemma give, with ``M_c = I_r + Ut_c^T B^{-1} Ut_c = R_c R_c^T``::
+the matrix determinant lemma give, with ``M_c = I_r + Ut_c^T B^{-1} Ut_c``::
 
-    g_c(x) = w_c^T x + b_c + 1/2 || R_c^{-1} Ut_c^T B^{-1} (x - mu_c) ||^2
+    g_c(x) = w_c^T x + b_c + 1/2 (x - mu_c)^T P_c^T M_c^{-1} P_c (x - mu_c),   P_c = Ut_c^T B^{-1}
     w_c = B^{-1} mu_c
     b_c = -1/2 mu_c^T B^{-1} mu_c - 1/2 (logdet B + logdet M_c) + log pi_c
 
 which is the exact discriminant of the rank-r model plus ``1/2 x^T B^{-1} x`` (the same for every
-class). ``R_c^{-1}`` is folded into the projection, so scoring is one GEMM against the stacked
-``(C (r + 1), d)`` rows plus a squared norm.
+class). We compute with the whitening ``V_c = L_B^{-1} Ut_c`` (``B = L_B L_B^T``): then
+``M_c = I + V_c^T V_c`` and ``P_c = V_c^T L_B^{-1}``, plain GEMMs. Diagonalising
+``V_c^T V_c = W_c diag(sigma_c^2) W_c^T`` folds ``M_c^{-1}`` into the projection,
+``A_c = diag(1 + sigma_c^2)^{-1/2} W_c^T P_c``, so scoring is one GEMM against the stacked
+``(C (r + 1), d)`` rows plus a squared norm: ``1/2 ||A_c (x - mu_c)||^2``.
 
-We compute with the whitening ``V_c = L_B^{-1} Ut_c`` (``B = L_B L_B^T``): then
-``M_c = I + V_c^T V_c`` and ``Ut_c^T B^{-1} = V_c^T L_B^{-1}``, both plain GEMMs.
+Row ``i`` of ``A_c`` is ``sqrt(kappa_ci)`` times a unit direction in ``B``-whitened space, with
+``kappa_ci = sigma_ci^2 / (1 + sigma_ci^2) < 1`` descending. That ordering is what exact pruned
+inference (:meth:`LRRGDA.top_k`) uses: the first ``j`` rows give a lower bound of the quadratic
+term and, with ``kappa_{c,j+1}`` times the rest of the ``B``-Mahalanobis distance, an upper bound.
 """
 
 from __future__ import annotations
@@ -21,7 +26,13 @@ from __future__ import annotations
 import torch
 
 from .._validation import check_positive_int
-from ..linalg import logdet_from_cholesky, psd_cholesky, randomized_top_eigh, top_eigh
+from ..linalg import (
+    logdet_from_cholesky,
+    psd_cholesky,
+    randomized_top_eigh,
+    symmetrize,
+    top_eigh,
+)
 from ..stats import ClassGaussians
 from .base import GaussianHead, stack_rows
 from .rgda import PAPER_ALPHAS, check_alphas
@@ -152,7 +163,7 @@ class LRRGDA(GaussianHead):
 
         mu = stats.means.to(self.device_)
         B_inv_mu = (L_B_inv.T @ (L_B_inv @ mu.T)).T
-        quads, quad_biases, logdet_M = [], [], []
+        quads, quad_biases, logdet_M, kappa = [], [], [], []
         labels = stats.classes
         for start in range(0, len(labels), block):
             pairs = [self._eig_cache[c] for c in labels[start : start + block]]
@@ -160,17 +171,104 @@ class LRRGDA(GaussianHead):
             s = torch.stack([p[2] for p in pairs])
             Ut = U * (a1 * s).sqrt()[:, None, :]
             V = L_B_inv @ Ut                                            # (k, d, r)
-            M = torch.eye(r, dtype=torch.float64, device=self.device_) + V.transpose(1, 2) @ V
-            R = psd_cholesky(M, name="LR-RGDA core M_c")
+            # M_c - I = V^T V = W diag(sigma^2) W^T, sigma^2 descending
+            sigma2, W = torch.linalg.eigh(symmetrize(V.transpose(1, 2) @ V))
+            sigma2, W = sigma2.flip(-1).clamp_min(0.0), W.flip(-1)
             P = V.transpose(1, 2) @ L_B_inv                              # Ut^T B^{-1}, (k, r, d)
-            A = torch.linalg.solve_triangular(R, P, upper=False)         # R^{-1} Ut^T B^{-1}
+            A = (W.transpose(1, 2) @ P) / (1.0 + sigma2).sqrt()[:, :, None]  # A^T A = P^T M^-1 P
             quads.append(A)
             quad_biases.append(-(A @ mu[start : start + len(pairs), :, None])[:, :, 0])
-            logdet_M.append(logdet_from_cholesky(R))
-        bias = (-0.5 * (mu * B_inv_mu).sum(1) - 0.5 * (logdet_B + torch.cat(logdet_M))
+            logdet_M.append(torch.log1p(sigma2).sum(-1))
+            kappa.append(sigma2 / (1.0 + sigma2))
+        mean_precision = (mu * B_inv_mu).sum(1)
+        bias = (-0.5 * mean_precision - 0.5 * (logdet_B + torch.cat(logdet_M))
                 + log_priors.to(self.device_))
+        self._bounds = {"kappa_": torch.cat(kappa), "mean_precision_": mean_precision,
+                        "base_whitener_": L_B_inv}
         return (*stack_rows(B_inv_mu, bias, torch.cat(quads), torch.cat(quad_biases)), 1.0)
+
+    def fit(self, stats: ClassGaussians) -> "LRRGDA":
+        super().fit(stats)
+        for name, value in self._bounds.items():
+            setattr(self, name, value.to(device=self.device_, dtype=self.dtype))
+        del self._bounds
+        self.linear_bias_ = self.bias_[:, 0].contiguous()
+        return self
+
+    # ------------------------------------------------------- pruned inference
+    def top_k(self, X, k: int = 5, *, pruned: bool = True, screen_rank: int = 8,
+              sample_batch: int = 256):
+        """The ``k`` best classes of every sample and their scores, exactly as the dense scores rank them.
+
+        With ``pruned=True`` the full quadratic term is computed only where it can matter. A
+        screening GEMM against the linear row and the first ``screen_rank`` quadratic rows of
+        every class gives, with ``t_i`` the whitened coordinates and ``m_c`` the Mahalanobis
+        distance under ``B`` (which follows from the linear score)::
+
+            lower_c = w_c^T x + b_c + 1/2 sum_{i <= j} kappa_ci t_i^2
+            upper_c = lower_c + 1/2 kappa_{c,j+1} (m_c - sum_{i <= j} t_i^2)
+
+        A class whose upper bound is below the ``k``-th best lower bound cannot be in the top
+        ``k``; only the others are scored in full (with a margin for rounding). ``last_pruning_``
+        reports the fraction of (sample, class) pairs and of classes scored in full.
+
+        Returns
+        -------
+        scores : tensor ``(n, k)``, labels : int64 tensor ``(n, k)``; best first.
+        """
+        X = self._prepare(X)
+        k = check_positive_int(k, "k")
+        C, rows_per_class, _ = self.rows_.shape
+        if k > C:
+            raise ValueError(f"k = {k} exceeds the number of classes ({C})")
+        j = min(check_positive_int(screen_rank, "screen_rank", minimum=0), rows_per_class - 1)
+        if not pruned or j == rows_per_class - 1:
+            scores, idx = self._decision(X).topk(k, dim=1)
+            return scores, self.classes_[idx.cpu()]
+        sample_batch = check_positive_int(sample_batch, "sample_batch")
+        screen_rows = self.rows_[:, : 1 + j].contiguous()
+        screen_bias = self.bias_[:, : 1 + j].contiguous()
+        out_scores, out_idx, pairs, classes = [], [], 0, 0
+        for start in range(0, X.shape[0], sample_batch):
+            chunk = X[start:start + sample_batch]
+            scores, idx, n_pairs, n_classes = self._pruned_top_k(chunk, k, screen_rows, screen_bias)
+            out_scores.append(scores)
+            out_idx.append(idx)
+            pairs += n_pairs
+            classes += n_classes * len(chunk)
+        self.last_pruning_ = {"pairs_scored_fraction": pairs / (X.shape[0] * C),
+                              "classes_scored_fraction": classes / (X.shape[0] * C)}
+        return torch.cat(out_scores), self.classes_[torch.cat(out_idx).cpu()]
+
+    def _pruned_top_k(self, X: torch.Tensor, k: int, screen_rows, screen_bias):
+        n, (C, rows, d) = X.shape[0], screen_rows.shape
+        j = rows - 1
+        Z = torch.addmm(screen_bias.reshape(-1), X, screen_rows.reshape(-1, d).T).view(n, C, rows)
+        lin, T2 = Z[:, :, 0], Z[:, :, 1:].square()
+        kappa = self.kappa_[:, :j]
+        lower = lin + 0.5 * T2.sum(-1)
+        sq_norm = (X @ self.base_whitener_.T).square().sum(1, keepdim=True)   # x^T B^{-1} x
+        wx = lin - self.linear_bias_
+        mahalanobis = sq_norm - 2.0 * wx + self.mean_precision_               # (x-mu)^T B^-1 (x-mu)
+        covered = (T2 * torch.where(kappa > 0, 1.0 / kappa, 0.0)).sum(-1)
+        kappa_next = self.kappa_[:, j] if j < self.kappa_.shape[1] else torch.zeros_like(lin[0])
+        upper = lower + 0.5 * kappa_next * (mahalanobis - covered).clamp_min(0.0)
+        # rounding: the bound terms are differences of sums up to these magnitudes
+        eps = 64 * torch.finfo(self.dtype).eps
+        margin = eps * (lower.abs() + sq_norm + 2.0 * wx.abs() + self.mean_precision_ + covered)
+        threshold = lower.topk(k, dim=1).values[:, -1:]
+        candidate = upper + margin >= threshold - margin.amax(1, keepdim=True)
+        cols = candidate.any(0).nonzero()[:, 0]
+        exact = self._score_rows(X, self.rows_[cols], self.bias_[cols])
+        scores = torch.full_like(lin, -torch.inf)
+        scores[:, cols] = torch.where(candidate[:, cols], exact, -torch.inf)
+        best, idx = scores.topk(k, dim=1)
+        return best, idx, int(candidate.sum()), len(cols)
 
     def _extra_memory(self) -> dict[str, int]:
         cache = getattr(self, "_eig_cache", {})
-        return {"eigenpair_cache": sum(u.nbytes + s.nbytes for _, u, s in cache.values())}
+        report = {"eigenpair_cache": sum(u.nbytes + s.nbytes for _, u, s in cache.values())}
+        if hasattr(self, "kappa_"):
+            report["pruning_bounds"] = sum(t.nbytes for t in (
+                self.kappa_, self.mean_precision_, self.base_whitener_, self.linear_bias_))
+        return report
