@@ -162,3 +162,58 @@ def test_efficientnet_on_fashion_mnist_end_to_end(tmp_path):
     results = run_experiment(cfg, log=lambda *_: None)
     for label in ("lda", "lr_rgda"):
         assert results["seeds"]["0"][label]["last_acc"] > 0.3  # chance is 0.1
+
+
+# ------------------------------------------------------------------ strategies and drift in the loop
+TRAIN_TINY = {"name": "seqft", "train": {"steps": 4, "batch_size": 4, "lr": 0.05, "head_lr": 0.05}}
+TRACKS = {"none": {"name": "identity"},
+          "hopdc": {"name": "hopdc", "tau": 0.1, "topk": 4, "n_samples": 64},
+          "sldc": {"name": "sldc_linear"}}
+
+
+def adapting_config(tmp_path, out, **extra):
+    return vit_config(tmp_path, out=out, strategy=TRAIN_TINY, compensators=TRACKS,
+                      anchors={"n": 0, "include_current": True}, **extra)
+
+
+@needs_transformers
+def test_fine_tuned_backbone_feeds_every_compensator_track(tmp_path):
+    color_folder(tmp_path / "images")
+    results = run_experiment(adapting_config(tmp_path, "adapt", drift_diagnostics=True),
+                             log=lambda *_: None)
+    seeds = results["seeds"]["3"]
+    assert set(seeds) == {f"{t}/{h}" for t in TRACKS for h in ("ncm", "lda", "lr_rgda")}
+    # task 1 has nothing to compensate: every track starts from the same statistics
+    first = {label: m["pooled_acc_per_task"][0] for label, m in seeds.items()}
+    for head in ("ncm", "lda", "lr_rgda"):
+        assert first[f"none/{head}"] == first[f"hopdc/{head}"] == first[f"sldc/{head}"]
+    diagnostics = results["drift_diagnostics"]["3"]
+    assert [d["task"] for d in diagnostics] == [1, 2]
+    for d in diagnostics:
+        assert set(d) == {"task", "hopdc", "sldc"}
+        assert "gain" in d["hopdc"] and d["hopdc"]["identity"]["mean_error"] > 0
+    timings = json.loads((tmp_path / "adapt" / "timings.json").read_text())["3"]
+    assert timings[0]["adapt"]["steps"] == 4 and "compensate_s" in timings[1]
+    # the identity track is exactly the run without compensators: one backbone trajectory
+    alone = run_experiment(vit_config(tmp_path, out="alone", strategy=TRAIN_TINY),
+                           log=lambda *_: None)
+    for head in ("ncm", "lda", "lr_rgda"):
+        assert alone["seeds"]["3"][head] == seeds[f"none/{head}"]
+
+
+@needs_transformers
+def test_resume_with_a_training_strategy_gives_identical_results(tmp_path):
+    color_folder(tmp_path / "images")
+    full = run_experiment(adapting_config(tmp_path, "full"), log=lambda *_: None)
+
+    def kill(seed, t):
+        if t == 1:
+            raise KeyboardInterrupt
+
+    cfg = adapting_config(tmp_path, "killed")
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(cfg, log=lambda *_: None, on_task_end=kill)
+    assert sorted(p.name for p in (tmp_path / "killed" / "seed_3").glob("backbone_task*"))\
+        == ["backbone_task2.safetensors"]
+    resumed = run_experiment(cfg, resume=True, log=lambda *_: None)
+    assert resumed == full

@@ -50,7 +50,7 @@ def as_labels(y, *, n: int | None = None, name: str = "labels") -> torch.Tensor:
                 arr = arr.astype(np.int64)
             else:
                 raise ValueError(f"{name} must be integers; got dtype {arr.dtype}")
-        y = torch.as_tensor(arr.astype(np.int64, copy=False))
+        y = torch.from_numpy(np.array(arr, dtype=np.int64))  # a copy: arr may be read-only
     elif y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
         raise ValueError(f"{name} must be integers; got dtype {y.dtype}")
     y = y.to(dtype=torch.int64, device="cpu")

@@ -89,6 +89,11 @@ def _catalogue(what: str | None) -> dict[str, list[str]]:
 
         return sorted(COMPENSATORS)
 
+    def strategies():
+        from .adapt import STRATEGIES
+
+        return sorted(STRATEGIES)
+
     def benchmarks():
         from .bench import BENCHMARKS
 
@@ -98,7 +103,8 @@ def _catalogue(what: str | None) -> dict[str, list[str]]:
         return sorted(shipped_configs())
 
     kinds = {"heads": heads, "backbones": backbones, "datasets": datasets,
-             "compensators": compensators, "configs": configs, "benchmarks": benchmarks}
+             "compensators": compensators, "strategies": strategies, "configs": configs,
+             "benchmarks": benchmarks}
     chosen = kinds if what is None else {what: kinds[what]}
     return {k: f() for k, f in chosen.items()}
 
@@ -143,10 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("options", nargs=argparse.REMAINDER, help="options for the benchmark")
     bench.set_defaults(func=_bench)
 
-    lst = sub.add_parser("list", help="list heads, backbones, datasets, compensators, configs",
+    lst = sub.add_parser("list", help="list heads, backbones, datasets, compensators, strategies, "
+                                      "configs, benchmarks",
                          description="List the registered names gdacil knows.")
     lst.add_argument("what", nargs="?", choices=["heads", "backbones", "datasets", "compensators",
-                                                 "configs", "benchmarks"])
+                                                 "strategies", "configs", "benchmarks"])
     lst.set_defaults(func=_list)
     return parser
 

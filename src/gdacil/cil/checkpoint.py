@@ -1,9 +1,14 @@
-"""Per-seed checkpoints: the class statistics after a task plus every evaluation so far.
+"""Per-seed checkpoints: everything a run needs to continue after a task.
 
-A checkpoint is two files in the seed's directory: ``stats_task<k>.safetensors`` and
-``state.json``, written in that order, each atomically. ``state.json`` names the statistics file it
-belongs to, so a run killed between the two writes resumes from the previous, complete
-checkpoint. Heads are not stored: they are rebuilt from the statistics, deterministically.
+A checkpoint after task ``k`` is, in the seed's directory:
+
+- ``stats_task<k>_<track>.safetensors``: the class statistics of every compensator track;
+- ``backbone_task<k>.safetensors`` and ``strategy_task<k>.safetensors``: the adapted weights
+  and the strategy's state (only when the strategy trains the backbone);
+- ``state.json``: evaluations, timings and diagnostics so far, naming the files above.
+
+Every file is written atomically and ``state.json`` last, so a run killed in between resumes from
+the previous complete checkpoint. Heads are not stored: they are rebuilt from the statistics.
 """
 
 from __future__ import annotations
@@ -13,24 +18,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
-from ..io import atomic_write_text
+from ..io import atomic_write_text, load_tensors, save_tensors
 from ..stats import ClassGaussians
 from .metrics import TaskEvaluation
 
 __all__ = ["SeedState", "save_checkpoint", "load_checkpoint"]
 
-_FORMAT = "gdacil.checkpoint/1"
+_FORMAT = "gdacil.checkpoint/2"
 
 
 @dataclass
 class SeedState:
-    """What a seed's run has done: tasks completed, statistics, evaluations per head."""
+    """What a seed's run has done so far."""
 
     completed: int  # number of tasks done
-    stats: ClassGaussians
+    tracks: dict[str, ClassGaussians]  # compensator label -> statistics
     evaluations: dict[str, list[TaskEvaluation]] = field(default_factory=dict)
     timings: list[dict] = field(default_factory=list)
+    diagnostics: list[dict] = field(default_factory=list)
+    backbone: dict[str, torch.Tensor] | None = None  # adapted weights, when the backbone trains
+    strategy: tuple[dict[str, torch.Tensor], dict] | None = None
 
 
 def _eval_to_json(e: TaskEvaluation) -> dict:
@@ -38,45 +47,63 @@ def _eval_to_json(e: TaskEvaluation) -> dict:
             "task_of_sample": e.task_of_sample.tolist()}
 
 
+def _eval_from_json(e: dict) -> TaskEvaluation:
+    return TaskEvaluation(np.asarray(e["y_true"]), np.asarray(e["y_pred"]),
+                          np.asarray(e["task_of_sample"]))
+
+
 def save_checkpoint(directory: Path, state: SeedState, fingerprint: str) -> None:
-    """Write ``state`` (atomically) and drop older statistics files."""
+    """Write ``state`` (atomically, ``state.json`` last) and drop the previous checkpoint's files."""
     directory.mkdir(parents=True, exist_ok=True)
-    stats_name = f"stats_task{state.completed}.safetensors"
-    state.stats.save(directory / stats_name)
+    k = state.completed
+    files = {"tracks": {}}
+    for label, stats in state.tracks.items():
+        name = f"stats_task{k}_{label}.safetensors"
+        stats.save(directory / name)
+        files["tracks"][label] = name
+    if state.backbone is not None:
+        files["backbone"] = f"backbone_task{k}.safetensors"
+        save_tensors(directory / files["backbone"], state.backbone, {"task": k})
+    if state.strategy is not None:
+        files["strategy"] = f"strategy_task{k}.safetensors"
+        save_tensors(directory / files["strategy"], *state.strategy)
     payload = {
         "format": _FORMAT,
         "fingerprint": fingerprint,
-        "completed": state.completed,
-        "stats_file": stats_name,
-        "evaluations": {k: [_eval_to_json(e) for e in v] for k, v in state.evaluations.items()},
+        "completed": k,
+        "files": files,
+        "evaluations": {label: [_eval_to_json(e) for e in v] for label, v in state.evaluations.items()},
         "timings": state.timings,
+        "diagnostics": state.diagnostics,
     }
     atomic_write_text(directory / "state.json", json.dumps(payload))
-    for old in directory.glob("stats_task*.safetensors"):
-        if old.name != stats_name:
+    keep = {*files["tracks"].values(), files.get("backbone"), files.get("strategy")}
+    for old in directory.glob("*_task*.safetensors"):
+        if old.name not in keep:
             old.unlink(missing_ok=True)
 
 
 def load_checkpoint(directory: Path, fingerprint: str) -> SeedState | None:
     """The checkpoint in ``directory``, or ``None`` if there is none.
 
-    Raises ``ValueError`` when the checkpoint belongs to a different experiment configuration.
+    Raises ``ValueError`` when it belongs to a different experiment configuration.
     """
     path = directory / "state.json"
     if not path.is_file():
         return None
     payload = json.loads(path.read_text())
     if payload.get("format") != _FORMAT:
-        raise ValueError(f"{path}: not a gdacil checkpoint")
+        raise ValueError(f"{path}: not a gdacil checkpoint of this version")
     if payload["fingerprint"] != fingerprint:
         raise ValueError(
             f"{path} was written by a different configuration; refusing to resume from it. "
             "Use another output_dir, or delete the directory to start over."
         )
-    evaluations = {
-        k: [TaskEvaluation(np.asarray(e["y_true"]), np.asarray(e["y_pred"]),
-                           np.asarray(e["task_of_sample"])) for e in v]
-        for k, v in payload["evaluations"].items()
-    }
-    stats = ClassGaussians.load(directory / payload["stats_file"])
-    return SeedState(payload["completed"], stats, evaluations, payload["timings"])
+    files = payload["files"]
+    tracks = {label: ClassGaussians.load(directory / name) for label, name in files["tracks"].items()}
+    backbone = load_tensors(directory / files["backbone"])[0] if "backbone" in files else None
+    strategy = load_tensors(directory / files["strategy"]) if "strategy" in files else None
+    evaluations = {label: [_eval_from_json(e) for e in v]
+                   for label, v in payload["evaluations"].items()}
+    return SeedState(payload["completed"], tracks, evaluations, payload["timings"],
+                     payload["diagnostics"], backbone, strategy)

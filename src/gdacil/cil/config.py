@@ -41,11 +41,14 @@ class HeadConfig:
 
 @dataclass
 class AnchorConfig:
-    """Unlabelled anchors for drift compensation."""
+    """Unlabelled anchors for drift compensation: ``n`` drawn from ``pool`` with ``seed`` (see
+    :func:`gdacil.data.draw_anchors`), plus the current task's training samples when
+    ``include_current`` (the paper's choice)."""
 
     n: int = 1024
     seed: int = 0
     pool: str = "outside"
+    include_current: bool = True
 
 
 @dataclass
@@ -59,6 +62,13 @@ class ExperimentConfig:
                                                     "increment": 10})
     backbone: BackboneConfig = field(default_factory=BackboneConfig)
     heads: dict = field(default_factory=lambda: {"lr_rgda": HeadConfig()})
+    # Stage-1 strategy: {"name": ..., "defaults": "paper" | "reference", **overrides}
+    strategy: dict = field(default_factory=lambda: {"name": "frozen"})
+    # one track of class statistics per compensator: label -> {"name": ..., **hyperparameters}
+    compensators: dict = field(default_factory=lambda: {"none": {"name": "identity"}})
+    anchors: AnchorConfig = field(default_factory=AnchorConfig)
+    drift_diagnostics: bool = False  # compare each track with recomputed (oracle) statistics
+    threads: int | None = None  # torch CPU threads for the run (None: torch's default)
     ddof: int = 0
     output_dir: str | None = None  # default: runs/<name>
     cache_dir: str = "~/.cache/gdacil/features"
@@ -80,6 +90,37 @@ class ExperimentConfig:
             self.build_protocol(self.seeds[0])
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"protocol: {exc}") from None
+        try:
+            self.build_strategy()
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ConfigError(f"strategy: {exc}") from None
+        if not self.compensators:
+            raise ConfigError("compensators: configure at least one (e.g. none: {name: identity})")
+        for label in self.compensators:
+            try:
+                self.build_compensator(label)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"compensators.{label}: {exc}") from None
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise ConfigError(f"threads must be a positive integer or null; got {self.threads!r}")
+
+    def build_strategy(self):
+        """The Stage-1 :class:`gdacil.adapt.Strategy` of this experiment."""
+        from ..adapt import build_strategy
+
+        spec = dict(self.strategy)
+        if "name" not in spec:
+            raise ValueError("give the strategy a name (gdacil list strategies)")
+        return build_strategy(spec.pop("name"), defaults=spec.pop("defaults", "paper"), **spec)
+
+    def build_compensator(self, label: str):
+        """The compensator of track ``label``."""
+        from ..drift import get_compensator
+
+        spec = self.compensators[label]
+        if not isinstance(spec, dict) or "name" not in spec:
+            raise ValueError("expected a mapping with a 'name' (gdacil list compensators)")
+        return get_compensator(dict(spec))
 
     def build_protocol(self, seed: int):
         """The :class:`gdacil.data.Protocol` of this experiment for run seed ``seed``."""

@@ -21,8 +21,11 @@ _SUMMARY_KEYS = ("last_acc", "inc_acc", "forgetting", "final_class_balanced_acc"
 
 
 def write_results(out: Path, cfg: ExperimentConfig, metrics: dict[int, dict[str, IncrementalMetrics]],
-                  timings: dict, *, log: Callable = print) -> dict:
-    """Write ``results.json``, ``results.csv``, ``timings.json`` and ``accuracy.png`` under ``out``."""
+                  timings: dict, *, diagnostics: dict | None = None, log: Callable = print) -> dict:
+    """Write ``results.json``, ``results.csv``, ``timings.json`` and ``accuracy.png`` under ``out``.
+
+    ``diagnostics`` (per seed, per task, per compensator track: errors against the oracle
+    statistics) go into ``results.json`` too."""
     per_seed = {str(seed): {label: m.to_dict() for label, m in heads.items()}
                 for seed, heads in metrics.items()}
     labels = list(next(iter(metrics.values())))
@@ -32,7 +35,9 @@ def write_results(out: Path, cfg: ExperimentConfig, metrics: dict[int, dict[str,
         for label in labels
     }
     results = {"name": cfg.name, "config": cfg.to_dict(), "seeds": per_seed, "summary": summary}
-    for key in ("output_dir", "cache_dir", "progress"):
+    if diagnostics:
+        results["drift_diagnostics"] = {str(s): d for s, d in diagnostics.items()}
+    for key in ("output_dir", "cache_dir", "progress", "threads"):
         results["config"].pop(key)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "results.json", json.dumps(results, indent=2, sort_keys=True) + "\n")

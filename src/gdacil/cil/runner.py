@@ -1,10 +1,18 @@
 """The class-incremental experiment runner.
 
-For every seed and every task ``t``: features of the task's training samples (from the feature
-cache) -> statistics of the new classes merged into the running :class:`~gdacil.ClassGaussians`
--> every configured head rebuilt from the same statistics -> evaluation on the test samples of
-all classes seen so far. A checkpoint after every task lets ``resume=True`` continue an
-interrupted run to exactly the results of an uninterrupted one.
+For every seed and every task ``t``:
+
+1. anchor features under the current backbone (``t > 0``, when a compensator needs them);
+2. the Stage-1 strategy adapts the backbone on the task's training samples;
+3. features of the task's training samples, and the statistics of its new classes;
+4. every compensator track moves its old-class statistics into the new feature space (fitted on
+   the anchors' features before and after step 2), then takes the new classes;
+5. every head is rebuilt from every track's statistics and evaluated on the test samples of all
+   classes seen so far.
+
+One backbone trajectory per seed feeds every compensator and every head, so the expensive part
+runs once. A checkpoint after every task lets ``resume=True`` continue an interrupted run to
+exactly the results of an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -12,7 +20,6 @@ from __future__ import annotations
 import resource
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +33,7 @@ from .config import ExperimentConfig
 from .metrics import IncrementalMetrics, TaskEvaluation
 from .results import write_results
 
-__all__ = ["run_experiment", "experiment_fingerprint", "output_dir"]
+__all__ = ["run_experiment", "experiment_fingerprint", "output_dir", "result_label"]
 
 
 def output_dir(cfg: ExperimentConfig) -> Path:
@@ -36,10 +43,15 @@ def output_dir(cfg: ExperimentConfig) -> Path:
 def experiment_fingerprint(cfg: ExperimentConfig) -> str:
     """Hash of everything that determines the results (not where they go, nor progress bars)."""
     d = cfg.to_dict()
-    for key in ("output_dir", "cache_dir", "progress"):
+    for key in ("output_dir", "cache_dir", "progress", "threads"):
         d.pop(key)
     d["protocol"] = cfg.build_protocol(0).identity()  # without storage locations
     return sha256_json(d)
+
+
+def result_label(track: str, head: str, n_tracks: int) -> str:
+    """``head`` alone with one compensator track, else ``track/head``."""
+    return head if n_tracks == 1 else f"{track}/{head}"
 
 
 def build_feature_backbone(cfg: ExperimentConfig):
@@ -52,13 +64,9 @@ def build_feature_backbone(cfg: ExperimentConfig):
     return backbone
 
 
-@dataclass
-class _TaskData:
-    """Features and labels of one task's split, with the index of the task."""
-
-    X: torch.Tensor
-    y: np.ndarray
-    task: int
+def task_seed(seed: int, task: int, purpose: int) -> int:
+    """An independent seed for (run seed, task, purpose), so streams never overlap across runs."""
+    return int(np.random.SeedSequence([seed, task, purpose]).generate_state(1)[0])
 
 
 class _SeedRun:
@@ -68,9 +76,19 @@ class _SeedRun:
         self.cfg, self.seed, self.dir, self.log = cfg, seed, directory, log
         self.tasks = cfg.build_protocol(seed).build(manifest=directory / "manifest.json")
         self.backbone = build_feature_backbone(cfg)
+        self.strategy = cfg.build_strategy()
+        self.compensators = {label: cfg.build_compensator(label) for label in cfg.compensators}
+        self.needs_anchors = any(c.name != "identity" for c in self.compensators.values())
+        self.anchor_pool = self._draw_anchors() if self.needs_anchors else ()
         self.cache = FeatureCache(cfg.cache_dir)
-        self.heads = {label: build_head(h.name, **h.params) for label, h in cfg.heads.items()}
-        self._test: dict[int, _TaskData] = {}
+        self.heads = {track: {label: build_head(h.name, **h.params) for label, h in cfg.heads.items()}
+                      for track in self.compensators}
+
+    def _draw_anchors(self) -> tuple[str, ...]:
+        from ..data import draw_anchors
+
+        a = self.cfg.anchors
+        return draw_anchors(self.tasks, a.n, seed=a.seed, pool=a.pool) if a.n else ()
 
     def features(self, ids) -> torch.Tensor:
         return self.cache.get_or_compute(self.backbone, ids, self.tasks.load,
@@ -78,54 +96,138 @@ class _SeedRun:
                                          batch_size=self.cfg.backbone.batch_size,
                                          progress=self.cfg.progress)
 
-    def test_data(self, t: int) -> _TaskData:
-        if t not in self._test:
-            split = self.tasks[t].test
-            self._test[t] = _TaskData(self.features(split.ids), np.asarray(split.labels), t)
-        return self._test[t]
-
+    # ------------------------------------------------------------------ the loop
     def run(self, state: SeedState | None, on_task_end: Callable | None) -> SeedState:
         if state is None:
-            state = SeedState(0, ClassGaussians(self.backbone.dim, ddof=self.cfg.ddof),
-                              {label: [] for label in self.heads})
+            state = SeedState(0, {track: ClassGaussians(self.backbone.dim, ddof=self.cfg.ddof)
+                                  for track in self.compensators})
+        else:
+            self._restore(state)
         for t in range(state.completed, len(self.tasks)):
             state.timings.append(self.run_task(t, state))
             state.completed = t + 1
+            if self.strategy.config.params != "none":
+                state.backbone = {k: v.detach().clone()
+                                  for k, v in self.backbone.model.state_dict().items()}
+                state.strategy = self.strategy.state_dict()
             save_checkpoint(self.dir, state, experiment_fingerprint(self.cfg))
             if on_task_end is not None:
                 on_task_end(self.seed, t)
         return state
 
+    def _restore(self, state: SeedState) -> None:
+        if state.backbone is not None:
+            self.backbone.model.load_state_dict(state.backbone)
+        if state.strategy is not None:
+            self.strategy.load_state_dict(*state.strategy)
+
     def run_task(self, t: int, state: SeedState) -> dict:
         task = self.tasks[t]
         timing: dict = {"task": t}
-        start = time.perf_counter()
-        X = self.features(task.train.ids)
-        timing["features_s"] = time.perf_counter() - start
-        start = time.perf_counter()
-        state.stats.update(X, torch.tensor(task.train.labels, dtype=torch.int64))
-        timing["stats_s"] = time.perf_counter() - start
-        timing["stats_bytes"] = state.stats.nbytes
-        seen = [self.test_data(j) for j in range(t + 1)]
-        X_test = torch.cat([s.X for s in seen])
-        y_test = np.concatenate([s.y for s in seen])
-        task_of = np.concatenate([np.full(len(s.y), s.task) for s in seen])
-        timing["heads"] = {}
-        for label, head in self.heads.items():
-            start = time.perf_counter()
-            head.fit(state.stats)
-            build = time.perf_counter() - start
-            start = time.perf_counter()
-            pred = head.predict(X_test).numpy()
-            evaluation = TaskEvaluation(y_test, pred, task_of)
-            state.evaluations[label].append(evaluation)
-            timing["heads"][label] = {"build_s": build, "predict_s": time.perf_counter() - start,
-                                      "bytes": head.memory_report()["total"]}
+        clock = _Clock(timing)
+        anchor_ids = self._anchor_ids(t)
+        with clock("anchors_before_s"):
+            old_anchors = self.features(anchor_ids) if anchor_ids else None
+        if self.strategy.trains_on(t):
+            with clock("adapt_s"):
+                labels = np.asarray(task.train.labels)
+                log = self.strategy.adapt_task(self.backbone, t, self.tasks.load(task.train.ids),
+                                               labels, generator=task_seed(self.seed, t, 0))
+            timing["adapt"] = {k: v for k, v in log.items() if k not in ("loss", "task_loss",
+                                                                            "kd_loss")}
+            timing["adapt"]["final_loss"] = log["loss"][-1] if log.get("loss") else None
+        with clock("features_s"):
+            X = self.features(task.train.ids)
+        with clock("stats_s"):
+            new = ClassGaussians(self.backbone.dim, ddof=self.cfg.ddof).update(
+                X, torch.tensor(task.train.labels, dtype=torch.int64))
+        if old_anchors is not None:
+            with clock("anchors_after_s"):
+                new_anchors = self.features(anchor_ids)
+            self._compensate(t, state, old_anchors, new_anchors, timing)
+        for stats in state.tracks.values():
+            stats.merge(new)
+        timing["stats_bytes"] = {track: s.nbytes for track, s in state.tracks.items()}
+        self._evaluate(t, state, timing)
         timing["max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         accs = ", ".join(f"{k} {v[-1].pooled:.3f}" for k, v in state.evaluations.items())
         self.log(f"seed {self.seed} task {t + 1}/{len(self.tasks)}: {len(task.classes)} new classes, "
-                 f"{state.stats.n_classes} seen; accuracy {accs}")
+                 f"{sum(len(self.tasks[j].classes) for j in range(t + 1))} seen; accuracy {accs}")
         return timing
+
+    def _anchor_ids(self, t: int) -> list[str]:
+        if t == 0 or not self.needs_anchors:
+            return []
+        ids = list(self.anchor_pool)
+        if self.cfg.anchors.include_current:
+            ids += [i for i in self.tasks[t].train.ids if i not in set(self.anchor_pool)]
+        if not ids:
+            raise ValueError("drift compensation needs anchors: set anchors.n > 0 or "
+                             "anchors.include_current: true")
+        return ids
+
+    def _compensate(self, t, state, old_anchors, new_anchors, timing) -> None:
+        old_classes = [c for j in range(t) for c in self.tasks[j].classes]
+        oracle = self._oracle(t, old_classes) if self.cfg.drift_diagnostics else None
+        timing["compensate_s"], report = {}, {"task": t}
+        for track, comp in self.compensators.items():
+            if comp.name == "identity":
+                continue
+            start = time.perf_counter()
+            before = state.tracks[track]
+            comp.fit(old_anchors, new_anchors)
+            state.tracks[track] = comp.transform(before, labels=old_classes)
+            timing["compensate_s"][track] = time.perf_counter() - start
+            if oracle is not None:
+                from ..drift import drift_report
+
+                report[track] = drift_report(state.tracks[track], oracle, before=before,
+                                             labels=old_classes)
+        if oracle is not None:
+            state.diagnostics.append(report)
+
+    def _oracle(self, t: int, old_classes: list[int]) -> ClassGaussians:
+        """Statistics of the old classes recomputed under the current backbone (needs their data)."""
+        oracle = ClassGaussians(self.backbone.dim, ddof=self.cfg.ddof)
+        for j in range(t):
+            split = self.tasks[j].train
+            oracle.update(self.features(split.ids), torch.tensor(split.labels, dtype=torch.int64))
+        return oracle.subset(old_classes)
+
+    def _evaluate(self, t: int, state: SeedState, timing: dict) -> None:
+        seen = range(t + 1)
+        X_test = torch.cat([self.features(self.tasks[j].test.ids) for j in seen])
+        y_test = np.concatenate([np.asarray(self.tasks[j].test.labels) for j in seen])
+        task_of = np.concatenate([np.full(len(self.tasks[j].test.ids), j) for j in seen])
+        timing["heads"] = {}
+        for track, heads in self.heads.items():
+            for label, head in heads.items():
+                key = result_label(track, label, len(self.heads))
+                start = time.perf_counter()
+                head.fit(state.tracks[track])
+                build = time.perf_counter() - start
+                start = time.perf_counter()
+                pred = head.predict(X_test).numpy()
+                state.evaluations.setdefault(key, []).append(TaskEvaluation(y_test, pred, task_of))
+                timing["heads"][key] = {"build_s": build, "predict_s": time.perf_counter() - start,
+                                        "bytes": head.memory_report()["total"]}
+
+
+class _Clock:
+    """``with clock("name_s"):`` records the block's wall time in ``timing["name_s"]``."""
+
+    def __init__(self, timing: dict):
+        self.timing = timing
+
+    def __call__(self, key: str):
+        self.key = key
+        return self
+
+    def __enter__(self):
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.timing[self.key] = time.perf_counter() - self.start
 
 
 def run_experiment(cfg: ExperimentConfig, *, resume: bool = False, overwrite: bool = False,
@@ -149,29 +251,35 @@ def run_experiment(cfg: ExperimentConfig, *, resume: bool = False, overwrite: bo
     """
     out = output_dir(cfg)
     fingerprint = experiment_fingerprint(cfg)
-    states = {}
-    for seed in cfg.seeds:
-        seed_dir = out / f"seed_{seed}"
-        state = None
-        if (seed_dir / "state.json").is_file():
-            if resume:
-                state = load_checkpoint(seed_dir, fingerprint)
-                log(f"seed {seed}: resuming after task {state.completed}")
-            elif not overwrite:
-                raise FileExistsError(
-                    f"{seed_dir} holds a checkpoint of an earlier run; pass --resume to continue "
-                    "it, --overwrite to start over, or set another output_dir")
-            else:  # the manifest stays: it still guards the data against silent changes
-                for f in (*seed_dir.glob("stats_task*.safetensors"), seed_dir / "state.json"):
-                    f.unlink(missing_ok=True)
-        runner = _SeedRun(cfg, seed, seed_dir, log)
-        states[seed] = runner.run(state, on_task_end)
-        n_tasks = len(runner.tasks)
-    metrics = {
-        seed: {label: _metrics(evals, n_tasks) for label, evals in state.evaluations.items()}
-        for seed, state in states.items()
-    }
-    return write_results(out, cfg, metrics, {s: st.timings for s, st in states.items()}, log=log)
+    threads = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    try:
+        states, n_tasks = {}, 0
+        for seed in cfg.seeds:
+            seed_dir = out / f"seed_{seed}"
+            state = None
+            if (seed_dir / "state.json").is_file():
+                if resume:
+                    state = load_checkpoint(seed_dir, fingerprint)
+                    log(f"seed {seed}: resuming after task {state.completed}")
+                elif not overwrite:
+                    raise FileExistsError(
+                        f"{seed_dir} holds a checkpoint of an earlier run; pass --resume to "
+                        "continue it, --overwrite to start over, or set another output_dir")
+                else:  # the manifest stays: it still guards the data against silent changes
+                    for f in (*seed_dir.glob("*_task*.safetensors"), seed_dir / "state.json"):
+                        f.unlink(missing_ok=True)
+            runner = _SeedRun(cfg, seed, seed_dir, log)
+            states[seed] = runner.run(state, on_task_end)
+            n_tasks = len(runner.tasks)
+    finally:
+        torch.set_num_threads(threads)
+    metrics = {seed: {label: _metrics(evals, n_tasks) for label, evals in st.evaluations.items()}
+               for seed, st in states.items()}
+    diagnostics = {seed: st.diagnostics for seed, st in states.items() if st.diagnostics}
+    return write_results(out, cfg, metrics, {s: st.timings for s, st in states.items()},
+                         diagnostics=diagnostics, log=log)
 
 
 def _metrics(evaluations: list[TaskEvaluation], n_tasks: int) -> IncrementalMetrics:

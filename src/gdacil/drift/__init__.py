@@ -1,0 +1,78 @@
+"""Drift compensation: move stored class statistics into a fine-tuned backbone's feature space.
+
+Every compensator follows one contract (:class:`Compensator`)::
+
+    comp = get_compensator("hopdc", tau=0.05, topk=400)
+    comp.fit(old_anchor_features, new_anchor_features)      # same N unlabelled anchors
+    new_stats = comp.transform(stats, labels=old_classes)   # a new ClassGaussians
+
+=================  ==============================================================  ============
+name               what it does                                                    moments
+=================  ==============================================================  ============
+``identity``       nothing (the SeqFT baseline)                                    --
+``hopdc``          top-k Hopfield retrieval of anchor drifts for pseudo-samples    mean, cov
+``sdc``            Gaussian-kernel weighted anchor drift at the class mean         mean
+``sldc_linear``    ridge-regression linear map (alpha1-SLDC)                       mean, cov
+``sldc_weak``      gated residual MLP pushed through pseudo-samples                mean, cov
+``oracle``         recomputed from true new features (needs labelled samples)      mean, cov
+=================  ==============================================================  ============
+
+:func:`drift_report` measures compensated statistics against the oracle.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Compensator, Identity, NotFittedError
+from .diagnostics import class_errors, drift_report, gaussian_w2
+from .hopdc import HopDC
+from .oracle import Oracle
+from .sdc import SDC
+from .sldc import LinearSLDC, WeakNonlinearSLDC
+
+__all__ = [
+    "COMPENSATORS",
+    "SDC",
+    "Compensator",
+    "HopDC",
+    "Identity",
+    "LinearSLDC",
+    "NotFittedError",
+    "Oracle",
+    "WeakNonlinearSLDC",
+    "class_errors",
+    "drift_report",
+    "gaussian_w2",
+    "get_compensator",
+]
+
+#: Registry of compensator names to classes.
+COMPENSATORS: dict[str, type[Compensator]] = {
+    cls.name: cls for cls in (Identity, HopDC, SDC, LinearSLDC, WeakNonlinearSLDC, Oracle)
+}
+
+
+def get_compensator(name: str | dict[str, Any], **config) -> Compensator:
+    """A compensator from its registry name and hyperparameters.
+
+    ``name`` may also be a dict as returned by :meth:`Compensator.get_config` (its ``"name"``
+    entry picks the class, the rest are hyperparameters; ``config`` overrides them).
+
+    >>> from gdacil.drift import get_compensator
+    >>> get_compensator("hopdc", tau=0.1).tau
+    0.1
+    >>> get_compensator(get_compensator("sdc", sigma=0.5).get_config()).sigma
+    0.5
+    """
+    if isinstance(name, dict):
+        config = {**{k: v for k, v in name.items() if k != "name"}, **config}
+        name = name.get("name")
+    try:
+        cls = COMPENSATORS[name]  # type: ignore[index]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown compensator {name!r}; known: {sorted(COMPENSATORS)}") from None
+    try:
+        return cls(**config)
+    except TypeError as err:
+        raise ValueError(f"bad configuration for compensator {name!r}: {err}") from None
