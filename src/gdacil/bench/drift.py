@@ -202,10 +202,12 @@ def render(payload: dict) -> str:
     res = [r for r in payload["results"] if "error" not in r]
     rows = [[r["compensator"], r["classes"], r["anchors"], _m(r), r["config"].get("topk", ""),
              f"{r['fit_s']:.2f}", f"{r['transform_s']:.2f}", f"{r['total_s']:.2f}",
-             f"{r['cpu_s']:.2f}", f"{r['peak_mib']:.0f}", f"{r['stats_mib']:.0f}"]
+             f"{r['cpu_s']:.2f}", f"{r['peak_mib']:.0f}", f"{r['stats_mib']:.0f}",
+             f"{r['loadavg_1min']:.1f}"]
             for r in res]
     table = markdown_table(["compensator", "C", "N", "M", "k", "fit (s)", "transform (s)",
-                            "total (s)", "CPU (s)", "peak extra RSS (MiB)", "stats (MiB)"], rows)
+                            "total (s)", "CPU (s)", "peak extra RSS (MiB)", "stats (MiB)",
+                            "load"], rows)
     cfg, m = payload["config"], payload["machine"]
     anchors = sorted({r["anchors"] for r in res})
     pivot = markdown_table(
@@ -233,7 +235,9 @@ def render(payload: dict) -> str:
         "k = HopDC's top-k (clamped to N, as k > N is an error).\n\n"
         "`peak extra RSS`: peak resident memory during fit + transform above the resident memory "
         "just before (the high-water mark is reset before fit), which includes the output "
-        "statistics (as large as `stats`).\n\n"
+        "statistics (as large as `stats`). `CPU`: process user + system time. `load`: the "
+        f"machine's 1-minute load average at the end of the cell (above {m['cpu_count']}, the "
+        "number of CPUs, other work was competing).\n\n"
         "## Total wall time (s), fit + transform\n\n" + pivot
         + "\n## All measurements\n\n" + table
         + (f"\n## Cells that did not finish\n\n{err_lines}" if errors else "")
@@ -297,8 +301,10 @@ def main(argv=None) -> int:
                          "hopdc_topk, weak_samples, weak_steps")
     cfg.device, cfg.isolate, cfg.threads = args.device, not args.inline, args.threads
     payload = run(cfg, log=lambda line: print(line, flush=True), timeout=args.timeout)
-    payload["command"] = "gdacil bench drift " + " ".join(
-        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    # argv is None when run as ``python -m gdacil.bench.drift``; the CLI passes its arguments
+    prog = "python -m gdacil.bench.drift" if argv is None else "gdacil bench drift"
+    payload["command"] = " ".join([prog, *(shlex.quote(a) for a in
+                                           (sys.argv[1:] if argv is None else argv))])
     payload["cpu_model"] = _cpu_model()
     write_json(args.out / "drift.json", payload)
     atomic_write_text(args.out / "drift.md", render(payload))

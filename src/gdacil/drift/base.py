@@ -21,8 +21,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from .._validation import as_features, check_nonnegative
 from .._random import make_generator
+from .._validation import as_features, check_nonnegative
 from ..stats import ClassGaussians
 
 __all__ = [
