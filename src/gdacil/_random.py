@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
-__all__ = ["make_generator"]
+__all__ = ["isolated_global_seed", "make_generator"]
 
 
 def make_generator(seed, *, name: str = "seed") -> torch.Generator:
@@ -21,3 +23,12 @@ def make_generator(seed, *, name: str = "seed") -> torch.Generator:
             f"got {seed!r}"
         )
     return torch.Generator().manual_seed(seed)
+
+
+@contextlib.contextmanager
+def isolated_global_seed(seed: int, devices=()):
+    """Run code that draws from torch's *global* RNG (e.g. third-party layer initialisation) with
+    ``seed``, restoring the global RNG state afterwards so gdacil never leaves a side effect."""
+    with torch.random.fork_rng(devices=list(devices)):
+        torch.manual_seed(seed)
+        yield

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from . import __version__
 
-__all__ = ["main", "shipped_configs", "resolve_config"]
+__all__ = ["main", "resolve_config", "shipped_configs"]
 
 EPILOG = """examples:
   gdacil demo                                   offline demo: MiniLM on 100 WordNet classes, 10 tasks
@@ -68,45 +68,28 @@ def _list(args) -> int:
     return 0
 
 
+#: What `gdacil list` shows: kind -> (module, registry attribute).
+CATALOGUE = {
+    "heads": ("gdacil.heads", "HEADS"),
+    "backbones": ("gdacil.backbones", "BACKBONES"),
+    "datasets": ("gdacil.data", "DATASETS"),
+    "compensators": ("gdacil.drift", "COMPENSATORS"),
+    "strategies": ("gdacil.adapt", "STRATEGIES"),
+    "benchmarks": ("gdacil.bench", "BENCHMARKS"),
+}
+
+
 def _catalogue(what: str | None) -> dict[str, list[str]]:
-    def heads():
-        from .heads import HEADS
+    import importlib
 
-        return sorted(HEADS)
+    def names(kind: str) -> list[str]:
+        if kind == "configs":
+            return sorted(shipped_configs())
+        module, attribute = CATALOGUE[kind]
+        return sorted(getattr(importlib.import_module(module), attribute))
 
-    def backbones():
-        from .backbones import BACKBONES
-
-        return sorted(BACKBONES)
-
-    def datasets():
-        from .data import DATASETS
-
-        return sorted(DATASETS)
-
-    def compensators():
-        from .drift import COMPENSATORS
-
-        return sorted(COMPENSATORS)
-
-    def strategies():
-        from .adapt import STRATEGIES
-
-        return sorted(STRATEGIES)
-
-    def benchmarks():
-        from .bench import BENCHMARKS
-
-        return sorted(BENCHMARKS)
-
-    def configs():
-        return sorted(shipped_configs())
-
-    kinds = {"heads": heads, "backbones": backbones, "datasets": datasets,
-             "compensators": compensators, "strategies": strategies, "configs": configs,
-             "benchmarks": benchmarks}
-    chosen = kinds if what is None else {what: kinds[what]}
-    return {k: f() for k, f in chosen.items()}
+    kinds = [*CATALOGUE, "configs"] if what is None else [what]
+    return {kind: names(kind) for kind in kinds}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -152,8 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="list heads, backbones, datasets, compensators, strategies, "
                                       "configs, benchmarks",
                          description="List the registered names gdacil knows.")
-    lst.add_argument("what", nargs="?", choices=["heads", "backbones", "datasets", "compensators",
-                                                 "strategies", "configs", "benchmarks"])
+    lst.add_argument("what", nargs="?", choices=[*CATALOGUE, "configs"])
     lst.set_defaults(func=_list)
     return parser
 

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import nn
 
 from .._optional import require
+from .._random import isolated_global_seed
 from ..backbones import Backbone
 from ._serial import SerialConfig, check_range
 from .params import ROLES, block_linears
@@ -101,8 +101,7 @@ def attach_lora(backbone: Backbone, config: LoRAConfig, *, seed: int) -> list[st
         init_lora_weights=True,
     )
     devices = [backbone.device] if backbone.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
+    with isolated_global_seed(seed, devices):
         peft.inject_adapter_in_model(peft_config, model, adapter_name=ADAPTER)
     return [
         f"{name}.{sub}"

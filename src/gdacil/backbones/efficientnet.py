@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from .._optional import require
+from .._random import isolated_global_seed
 from .base import ImageBackbone, check_final_norm, normalize_features
 from .blocks import BlockLinears
 from .preprocess import ImagePreprocess
@@ -60,8 +61,7 @@ class EfficientNetLite0Backbone(ImageBackbone):
         self.final_norm = check_final_norm(final_norm)
         self.pretrained = bool(pretrained)
         self.init_seed = init_seed
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(init_seed)
+        with isolated_global_seed(init_seed):
             model = arch.EfficientNet.from_name("efficientnet-lite0")
         if pretrained:
             files = require(

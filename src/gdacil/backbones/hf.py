@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from .._optional import require
+from .._random import isolated_global_seed
 
 __all__ = ["HFOrigin", "load_pretrained", "seeded_init", "transformers_module"]
 
@@ -52,8 +51,7 @@ def load_pretrained(
 def seeded_init(factory, config, *, init_seed: int = 0, **kwargs):
     """A randomly initialised ``factory(config, **kwargs)``, seeded with ``init_seed`` inside a
     forked RNG so the global torch RNG is left as it was."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(init_seed)
+    with isolated_global_seed(init_seed):
         return factory(config, **kwargs)
 
 
