@@ -308,3 +308,13 @@ def test_efficientnet_lite0_on_fashion_mnist():
         bb.blocks()
     with pytest.raises(ValueError, match="no transformer blocks"):
         find_blocks(bb.model)
+
+
+@needs_minilm
+def test_text_batches_by_length_and_returns_input_order(minilm):
+    texts = ["a dog", "the act of running quickly over a short distance on foot", "a cat",
+             "an institution", "a long and winding account of a journey over many mountains"]
+    assert minilm.extraction_order(texts) == [0, 2, 3, 1, 4]
+    one_by_one = torch.cat([minilm.extract([t]) for t in texts])  # no padding at all
+    torch.testing.assert_close(minilm.extract(texts, batch_size=2), one_by_one,
+                               atol=1e-5, rtol=1e-4)

@@ -101,8 +101,10 @@ def test_minilm_glosses_cached(tmp_path):
 
     bb = build_backbone("minilm")
     cache = FeatureCache(tmp_path)
-    first = cache.get_or_compute(bb, ids, load, batch_size=8, namespace=seq.cache_namespace)
-    assert first.shape == (12, 384) and calls == [8, 4]
+    first = cache.get_or_compute(bb, ids, load, batch_size=1, namespace=seq.cache_namespace,
+                                 load_batches=8)
+    assert first.shape == (12, 384) and calls == [8, 4]  # 1-sample batches, loaded 8 at a time
+    torch.testing.assert_close(first, bb.extract(seq.load(ids)), atol=1e-5, rtol=1e-4)
     second = cache.get_or_compute(bb, ids, load, namespace=seq.cache_namespace)
     assert calls == [8, 4] and torch.equal(first, second) and cache.hits == 1
     other = Protocol(

@@ -1,10 +1,13 @@
 """gdacil: class-incremental learning with Gaussian discriminant analysis.
 
-The core objects are :class:`ClassGaussians` (mergeable per-class statistics) and the heads built
-from them (:mod:`gdacil.heads`), led by the low-rank regularised GDA classifier :class:`LRRGDA`.
+The core objects are :class:`ClassGaussians` (mergeable per-class statistics), its compressed
+counterpart :class:`LowRankGaussians` (top eigenpairs per class, for tens of thousands of classes),
+and the heads built from them (:mod:`gdacil.heads`), led by the low-rank regularised GDA
+classifier :class:`LRRGDA`.
 """
 
-from .stats import ClassGaussians
+from .lowrank_stats import LowRankGaussians
+from .stats import ClassGaussians, ClassStatistics
 
 __version__ = "0.1.0"
-__all__ = ["ClassGaussians", "__version__"]
+__all__ = ["ClassGaussians", "ClassStatistics", "LowRankGaussians", "__version__"]

@@ -15,6 +15,7 @@ EPILOG = """examples:
   gdacil demo                                   offline demo: MiniLM on 100 WordNet classes, 10 tasks
   gdacil run demo --set seeds=[1,2,3]           a shipped config with overrides
   gdacil run my.yaml --set heads.lr_rgda.rank=32 --resume
+  torchrun --nproc_per_node 2 -m gdacil run my.yaml   data-parallel on 2 processes
   gdacil bench heads --quick                    head build time, throughput and memory
   gdacil list heads
 """
@@ -39,12 +40,14 @@ def resolve_config(name_or_path: str) -> Path:
 
 def _run(args) -> int:
     from .cil import ConfigError, load_config, run_experiment
+    from .distributed import process_group
 
     try:
         cfg = load_config(resolve_config(args.config), args.set)
     except ConfigError as exc:
         raise SystemExit(f"gdacil: bad configuration: {exc}") from None
-    run_experiment(cfg, resume=args.resume, overwrite=args.overwrite)
+    with process_group(cfg.backbone.options.get("device")):  # under torchrun; else a no-op
+        run_experiment(cfg, resume=args.resume, overwrite=args.overwrite)
     return 0
 
 
@@ -111,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run an experiment from a YAML config",
                          description="Run a class-incremental experiment: every seed, every task, "
                                      "every configured head; writes results.json/.csv/.md, "
-                                     "timings.json and accuracy.png to the output directory.")
+                                     "timings.json and accuracy.png to the output directory. "
+                                     "Under torchrun it runs data-parallel (docs/distributed.md).")
     run.add_argument("config", help="a YAML file, or the name of a shipped config (gdacil list configs)")
     experiment_options(run)
     run.add_argument("--overwrite", action="store_true",

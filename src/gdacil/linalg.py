@@ -18,6 +18,7 @@ __all__ = [
     "top_eigh",
     "randomized_top_eigh",
     "orthonormalize",
+    "class_top_eigh",
 ]
 
 
@@ -185,3 +186,50 @@ def randomized_top_eigh(
     s = s.flip(-1)[..., :rank].clamp_min(0.0)
     U = Q @ V.flip(-1)[..., :rank]
     return U, s
+
+
+# Seeds of per-class test matrices: random_state * _SEED_STRIDE + label % _SEED_STRIDE.
+_SEED_STRIDE = 1_000_003
+
+
+def class_top_eigh(
+    A: torch.Tensor,
+    rank: int,
+    labels,
+    *,
+    decomposition: str = "eigh",
+    oversample: int = 16,
+    n_iter: int = 4,
+    random_state: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-``rank`` eigenpairs of a block of per-class matrices ``A`` ``(k, d, d)``, class-seeded.
+
+    ``decomposition="eigh"`` is :func:`top_eigh`. ``"randomized"`` is :func:`randomized_top_eigh`
+    with ``rank + oversample`` columns, where class ``c``'s Gaussian test matrix is drawn from a
+    generator seeded with ``(random_state, c)``: the result for a class does not depend on which
+    other classes share its block, nor on their order. When ``rank + oversample >= d`` the sketch
+    would not be smaller than the matrix, and the exact decomposition is used.
+
+    Examples
+    --------
+    >>> import torch
+    >>> A = torch.diag(torch.tensor([6.0, 5.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64))[None]
+    >>> U, s = class_top_eigh(A, 2, [5], decomposition="randomized", oversample=2)
+    >>> U.shape, torch.allclose(s, torch.tensor([[6.0, 5.0]], dtype=torch.float64))
+    (torch.Size([1, 6, 2]), True)
+    """
+    if decomposition not in ("eigh", "randomized"):
+        raise ValueError(f"decomposition must be 'eigh' or 'randomized'; got {decomposition!r}")
+    labels = [int(c) for c in labels]
+    d = A.shape[-1]
+    if len(labels) != A.shape[0]:
+        raise ValueError(f"class_top_eigh: {len(labels)} labels for {A.shape[0]} matrices")
+    if decomposition == "eigh" or rank + oversample >= d:
+        return top_eigh(A, rank)
+    k = rank + oversample
+    omega = torch.empty(len(labels), d, k, dtype=A.dtype)
+    g = torch.Generator()
+    for i, c in enumerate(labels):
+        g.manual_seed(random_state * _SEED_STRIDE + c % _SEED_STRIDE)
+        omega[i] = torch.randn(d, k, dtype=A.dtype, generator=g)
+    return randomized_top_eigh(A, rank, n_iter=n_iter, test_matrix=omega.to(A.device))

@@ -118,7 +118,7 @@ _SHARED_PARAMETERS = """\
         Dtype of the head's inference tensors ("float64", "float32", ...). Statistics are
         always accumulated in float64.
     class_batch_size : int or "auto", default "auto"
-        Classes per block when building and scoring; "auto" keeps the score buffer near 64 MiB."""
+        Classes per block when building and scoring; "auto" keeps the score buffer near 8 MiB."""
 
 _SHARED_ATTRIBUTES = """\
     classes_ : ndarray of shape (n_classes,)

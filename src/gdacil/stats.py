@@ -11,23 +11,30 @@ with the pairwise update of Chan, Golub and LeVeque (1979)::
 which never forms raw sums of squares, so merging shards gives the statistics of the whole up to
 round-off, in any order. The covariance is ``S / (n - ddof)``: ``ddof=0`` (the default) is the
 paper's ``1/n``; ``ddof=1`` is the unbiased estimator the reference code uses.
+
+:class:`ClassStatistics` is what heads and compensators rely on, shared by
+:class:`ClassGaussians` and the compressed :class:`~gdacil.LowRankGaussians`: class bookkeeping
+(labels, storage positions, revisions), counts and means, covariances in class blocks, the
+average covariance, editing moments, sampling, persistence and a memory report.
 """
 
 from __future__ import annotations
 
+import abc
 import itertools
+import math
 import os
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, ClassVar
 
 import torch
 
 from ._validation import as_features, as_labels, check_nonnegative, check_positive_int
 from .io import load_tensors, save_tensors
-from .linalg import psd_factor
+from .linalg import psd_factor, symmetrize
 
-__all__ = ["ClassGaussians"]
+__all__ = ["ClassGaussians", "ClassStatistics"]
 
-_FORMAT = "gdacil.ClassGaussians/1"
 _revision_counter = itertools.count(1)
 
 
@@ -35,32 +42,57 @@ def _next_revisions(k: int) -> list[int]:
     return [next(_revision_counter) for _ in range(k)]
 
 
-class ClassGaussians:
-    """Streaming, mergeable per-class count, mean and covariance in float64.
+class ClassStatistics(abc.ABC):
+    """Per-class Gaussian statistics as heads and compensators consume them.
+
+    Holds the bookkeeping every storage shares (class labels in storage order, positions,
+    revisions), the float64 counts ``(C,)`` and means ``(C, d)``, and the operations built on
+    them. Subclasses decide how covariances are stored.
 
     Parameters
     ----------
     dim : int
         Feature dimension ``d``.
     ddof : {0, 1}, default 0
-        Covariance normalisation ``1 / (n - ddof)``. 0 is the paper's maximum-likelihood
-        estimate; 1 is the unbiased estimate of the reference code. A class with ``n <= ddof``
-        has a zero covariance (heads regularise it; see their docs).
+        Covariance normalisation ``1 / (n - ddof)`` the statistics were (or will be) built with.
     device : torch.device or str, optional
         Where the statistics live (default CPU).
 
+    Notes
+    -----
+    A subclass keeps one row per class in each tensor named in ``_per_class`` (leading dimension:
+    the allocated capacity, at least ``n_classes``), class-independent tensors in ``_shared``, and
+    implements :meth:`covariances`, :meth:`average_covariance`, :meth:`sampling_factors`,
+    ``_add_moments`` (new classes from dense moments), ``_write_covariances`` (replace
+    covariances), ``_config`` (its constructor arguments, JSON-serialisable) and the sampling
+    hooks ``_block_factors``, ``_check_factors``, ``_slice_factors`` and ``_deviations``.
+    ``ClassStatistics.load`` reads a file of any registered storage.
+
     Examples
     --------
-    >>> import torch
-    >>> from gdacil import ClassGaussians
+    >>> import os, tempfile, torch
+    >>> from gdacil import ClassGaussians, ClassStatistics, LowRankGaussians
     >>> g = torch.Generator().manual_seed(0)
-    >>> X, y = torch.randn(100, 8, generator=g), torch.arange(100) % 4
-    >>> stats = ClassGaussians(8).update(X[:60], y[:60]).update(X[60:], y[60:])
-    >>> stats.classes, stats.counts.tolist()
-    ([0, 1, 2, 3], [25.0, 25.0, 25.0, 25.0])
-    >>> torch.allclose(stats.means[1], X[y == 1].double().mean(0))
-    True
+    >>> dense = ClassGaussians(6).update(torch.randn(60, 6, generator=g), torch.arange(60) % 3)
+    >>> low = LowRankGaussians.from_dense(dense, rank=2)
+    >>> isinstance(low, ClassStatistics), low.classes == dense.classes
+    (True, True)
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     low.save(os.path.join(tmp, "stats.safetensors"))
+    ...     type(ClassStatistics.load(os.path.join(tmp, "stats.safetensors"))).__name__
+    'LowRankGaussians'
     """
+
+    _FORMAT: ClassVar[str] = ""
+    _per_class: ClassVar[tuple[str, ...]] = ("_counts", "_means")
+    _shared: ClassVar[tuple[str, ...]] = ()
+    _growth: ClassVar[float] = 2.0  # capacity growth factor when classes are appended
+    _formats: ClassVar[dict[str, type[ClassStatistics]]] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("_FORMAT"):
+            ClassStatistics._formats[cls._FORMAT] = cls
 
     def __init__(self, dim: int, *, ddof: int = 0, device: torch.device | str | None = None):
         self.dim = check_positive_int(dim, "dim")
@@ -73,7 +105,6 @@ class ClassGaussians:
         self._revisions: list[int] = []
         self._counts = torch.zeros(0, dtype=torch.float64, device=self.device)
         self._means = torch.zeros(0, dim, dtype=torch.float64, device=self.device)
-        self._scatters = torch.zeros(0, dim, dim, dtype=torch.float64, device=self.device)
 
     # ------------------------------------------------------------------ views
     @property
@@ -91,9 +122,6 @@ class ClassGaussians:
     def __contains__(self, label) -> bool:
         return int(label) in self._index
 
-    def __repr__(self) -> str:
-        return f"ClassGaussians(dim={self.dim}, n_classes={self.n_classes}, ddof={self.ddof})"
-
     @property
     def counts(self) -> torch.Tensor:
         """Sample counts, shape ``(C,)``, float64."""
@@ -105,9 +133,9 @@ class ClassGaussians:
         return self._means[: self.n_classes]
 
     @property
-    def scatters(self) -> torch.Tensor:
-        """Centred scatter matrices ``sum (x - mu)(x - mu)^T``, shape ``(C, d, d)``."""
-        return self._scatters[: self.n_classes]
+    def capacity(self) -> int:
+        """Classes the stacked tensors have room for (see :meth:`reserve`)."""
+        return self._counts.shape[0]
 
     def revision(self, label: int) -> int:
         """A number that changes whenever the moments of ``label`` change (for caches)."""
@@ -124,19 +152,9 @@ class ClassGaussians:
             raise KeyError(f"unknown class {label!r}; known classes: {self._labels[:20]}"
                            f"{' ...' if self.n_classes > 20 else ''}") from None
 
+    @abc.abstractmethod
     def covariances(self, labels: Sequence[int] | None = None) -> torch.Tensor:
-        """Covariances ``S / (n - ddof)`` of ``labels`` (all classes by default), ``(k, d, d)``.
-
-        Classes with ``n <= ddof`` get a zero matrix.
-        """
-        if labels is None:
-            S, n = self.scatters, self.counts
-        else:
-            pos = self.positions(labels).to(self.device)
-            S, n = self._scatters.index_select(0, pos), self._counts.index_select(0, pos)
-        denom = n - self.ddof
-        scale = torch.where(denom > 0, 1.0 / denom.clamp_min(1e-300), torch.zeros_like(denom))
-        return S * scale[:, None, None]
+        """Dense float64 covariances of ``labels`` (all classes by default), ``(k, d, d)``."""
 
     def covariance(self, label: int) -> torch.Tensor:
         return self.covariances([label])[0]
@@ -155,6 +173,350 @@ class ClassGaussians:
             pos = self.positions(block).to(self.device)
             yield (block, self._counts[pos], self._means[pos], self.covariances(block))
 
+    @abc.abstractmethod
+    def average_covariance(self, batch_size: int = 64) -> torch.Tensor:
+        """Unweighted mean of the class covariances, ``Sigma_avg = (1/C) sum_c Sigma_c``, float64."""
+
+    # ------------------------------------------------------- building and editing
+    def add_classes(self, labels: Sequence[int], means, covariances, counts) -> ClassStatistics:
+        """Add new classes from their moments: means ``(k, d)``, covariances ``(k, d, d)`` and
+        counts ``(k,)``. Returns ``self``."""
+        labels = as_labels(labels, name="labels").tolist()
+        means = as_features(means, dim=self.dim, dtype=torch.float64, device=self.device,
+                            name="means")
+        covs = torch.as_tensor(covariances, dtype=torch.float64).to(self.device)
+        counts = torch.as_tensor(counts, dtype=torch.float64).to(self.device).reshape(-1)
+        k = len(labels)
+        if means.shape[0] != k or covs.shape != (k, self.dim, self.dim) or counts.shape[0] != k:
+            raise ValueError(
+                f"add_classes: expected {k} means (k, {self.dim}), covariances (k, {self.dim}, "
+                f"{self.dim}) and counts (k,); got {tuple(means.shape)}, {tuple(covs.shape)}, "
+                f"{tuple(counts.shape)}"
+            )
+        if not torch.isfinite(covs).all():
+            raise ValueError("add_classes: covariances contain NaN or inf")
+        if not torch.isfinite(counts).all() or (counts <= 0).any():
+            raise ValueError("add_classes: counts must be positive")
+        if (covs - covs.transpose(1, 2)).abs().amax() > 1e-8 * covs.abs().amax().clamp_min(1e-300):
+            raise ValueError("add_classes: covariances are not symmetric")
+        self._check_new(labels)
+        self._add_moments(labels, counts, means, covs)
+        return self
+
+    @abc.abstractmethod
+    def _add_moments(self, labels: list[int], counts, means, covs) -> None:
+        """Append new classes from validated float64 moments."""
+
+    def with_moments(self, labels: Sequence[int], means, covariances=None) -> ClassStatistics:
+        """A copy whose ``labels`` have the given means and covariances (counts are kept).
+
+        This is how drift compensators return transformed statistics; see :meth:`set_moments`.
+        """
+        return self.copy().set_moments(labels, means, covariances)
+
+    def set_moments(self, labels: Sequence[int], means, covariances=None) -> ClassStatistics:
+        """Overwrite the means (and covariances) of ``labels`` in place. Returns ``self``.
+
+        Counts are kept. With ``covariances=None`` only the means change (the covariances stay as
+        they are). Covariances are symmetrised. Compensators write their results block by block
+        with this, so peak memory is one block, not all classes.
+        """
+        labels = [int(c) for c in labels]
+        pos = self.positions(labels).to(self.device)
+        means = as_features(means, dim=self.dim, dtype=torch.float64, device=self.device,
+                            name="means")
+        if means.shape[0] != len(pos):
+            raise ValueError(f"set_moments: {means.shape[0]} means for {len(pos)} labels")
+        if covariances is not None:
+            covs = torch.as_tensor(covariances, dtype=torch.float64).to(self.device)
+            if covs.shape != (len(pos), self.dim, self.dim):
+                raise ValueError(
+                    f"set_moments: covariances must have shape ({len(pos)}, {self.dim}, "
+                    f"{self.dim}); got {tuple(covs.shape)}"
+                )
+            if not torch.isfinite(covs).all():
+                raise ValueError("set_moments: covariances contain NaN or inf")
+            self._write_covariances(labels, pos, symmetrize(covs))
+        self._means[pos] = means
+        for p in pos.tolist():
+            self._revisions[p] = _next_revisions(1)[0]
+        return self
+
+    @abc.abstractmethod
+    def _write_covariances(self, labels: list[int], pos: torch.Tensor, covs: torch.Tensor) -> None:
+        """Replace the covariances of existing classes (validated, symmetric, float64)."""
+
+    def remove_classes(self, labels: Iterable[int]) -> ClassStatistics:
+        """Forget ``labels``. Returns ``self``."""
+        drop = set(self.positions(labels).tolist())
+        self._keep([i for i in range(self.n_classes) if i not in drop])
+        return self
+
+    def subset(self, labels: Sequence[int]) -> ClassStatistics:
+        """A new object holding only ``labels`` (in that order)."""
+        out = self.copy()
+        out._keep(out.positions(labels).tolist())
+        return out
+
+    def reserve(self, n_classes: int) -> ClassStatistics:
+        """Allocate room for ``n_classes`` classes in total (never shrinks). Returns ``self``.
+
+        Appending grows the capacity geometrically; reserving the final size up front avoids
+        both the spare capacity and the transient copy of a growth step.
+        """
+        n_classes = check_positive_int(n_classes, "n_classes", minimum=0)
+        if n_classes > self.capacity:
+            for name in self._per_class:
+                setattr(self, name, _grow(getattr(self, name), n_classes))
+        return self
+
+    def _check_new(self, labels: list[int]) -> None:
+        dup = [c for c in labels if c in self._index]
+        if dup or len(set(labels)) != len(labels):
+            raise ValueError(f"classes already present or repeated: {sorted(set(dup)) or labels}")
+
+    def _make_room(self, k: int) -> None:
+        """Room for ``k`` more classes, growing the capacity geometrically (by ``_growth``)."""
+        if self.n_classes + k > self.capacity:
+            self.reserve(max(self.n_classes + k, math.ceil(self._growth * self.capacity), 8))
+
+    def _append_rows(self, labels: list[int], rows: dict[str, torch.Tensor]) -> None:
+        """Append new classes; ``rows`` maps every name in ``_per_class`` to ``(k, ...)``."""
+        self._check_new(labels)
+        C, k = self.n_classes, len(labels)
+        self._make_room(k)
+        for name in self._per_class:
+            getattr(self, name)[C : C + k] = rows[name]
+        for offset, c in enumerate(labels):
+            self._index[int(c)] = C + offset
+        self._labels.extend(int(c) for c in labels)
+        self._revisions.extend(_next_revisions(k))
+
+    def _keep(self, keep: list[int]) -> None:
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+        for name in self._per_class:
+            setattr(self, name, getattr(self, name).index_select(0, idx))
+        self._labels = [self._labels[i] for i in keep]
+        self._revisions = [self._revisions[i] for i in keep]
+        self._index = {c: i for i, c in enumerate(self._labels)}
+
+    @abc.abstractmethod
+    def _config(self) -> dict[str, Any]:
+        """Constructor arguments (less ``device``), JSON-serialisable."""
+
+    def copy(self) -> ClassStatistics:
+        out = type(self)(**self._config(), device=self.device)
+        out._labels = list(self._labels)
+        out._index = dict(self._index)
+        out._revisions = list(self._revisions)
+        for name in self._per_class:
+            setattr(out, name, getattr(self, name)[: self.n_classes].clone())
+        for name in self._shared:
+            setattr(out, name, getattr(self, name).clone())
+        return out
+
+    def to(self, device: torch.device | str) -> ClassStatistics:
+        out = self.copy()
+        out.device = torch.device(device)
+        for name in (*self._per_class, *self._shared):
+            setattr(out, name, getattr(out, name).to(out.device))
+        return out
+
+    # ----------------------------------------------------------------- sampling
+    @abc.abstractmethod
+    def sampling_factors(self, labels: Sequence[int] | None = None, *, jitter: float = 0.0,
+                         batch_size: int = 64, dtype: torch.dtype = torch.float64):
+        """Precomputed sampling factors of ``labels``, to pass to :meth:`sample` as ``factors``."""
+
+    @abc.abstractmethod
+    def _block_factors(self, labels: list[int], jitter: float, dtype: torch.dtype):
+        """Sampling factors of one block of classes."""
+
+    @abc.abstractmethod
+    def _check_factors(self, factors, k: int) -> None:
+        """Raise ``ValueError`` unless ``factors`` are sampling factors of ``k`` classes."""
+
+    @abc.abstractmethod
+    def _slice_factors(self, factors, start: int, stop: int):
+        """The factors of classes ``start:stop``."""
+
+    @abc.abstractmethod
+    def _deviations(self, factors, noise: torch.Tensor) -> torch.Tensor:
+        """``F_c e`` for standard-normal ``noise`` ``(k, n, d)``: deviations from the means."""
+
+    def sample(
+        self,
+        n_per_class: int,
+        *,
+        generator: torch.Generator,
+        labels: Sequence[int] | None = None,
+        noise: torch.Tensor | None = None,
+        jitter: float = 0.0,
+        factors=None,
+        batch_size: int = 64,
+        dtype: torch.dtype = torch.float64,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draw ``n_per_class`` samples from ``N(mu_c, Sigma_c + jitter I)`` for every class in ``labels``.
+
+        Parameters
+        ----------
+        generator : torch.Generator
+            Required, so that every draw is reproducible.
+        noise : tensor of shape ``(n_per_class, d)`` or ``(k, n_per_class, d)``, optional
+            Standard-normal noise: one block shared by every class (common random numbers), or
+            one block per class in ``labels`` order (``k = len(labels)``). Drawn from
+            ``generator`` per class when omitted. Sample ``i`` of class ``c`` is
+            ``mu_c + F_c noise_i`` with ``F_c F_c^T = Sigma_c + jitter I`` (see the storage's
+            :meth:`sampling_factors`).
+        jitter : float, default 0
+            Added to the diagonal of every covariance.
+        factors : optional
+            Precomputed :meth:`sampling_factors` of ``labels`` (with the same ``jitter``), for
+            callers that sample the same classes many times.
+
+        Returns
+        -------
+        X : tensor ``(k * n_per_class, d)`` and y : int64 tensor of labels, grouped by class.
+        """
+        if not isinstance(generator, torch.Generator):
+            raise TypeError("sample() needs an explicit torch.Generator (seeded) for reproducibility")
+        n = check_positive_int(n_per_class, "n_per_class")
+        jitter = check_nonnegative(jitter, "jitter")
+        batch_size = check_positive_int(batch_size, "batch_size")
+        labels = self.classes if labels is None else [int(c) for c in labels]
+        if factors is not None:
+            self._check_factors(factors, len(labels))
+        if noise is not None and tuple(noise.shape) not in ((n, self.dim),
+                                                            (len(labels), n, self.dim)):
+            raise ValueError(f"noise must have shape ({n}, {self.dim}) or ({len(labels)}, {n}, "
+                             f"{self.dim}); got {tuple(noise.shape)}")
+        xs, ys = [], []
+        for start in range(0, len(labels), batch_size):
+            block = labels[start : start + batch_size]
+            k = len(block)
+            mu = self._means[self.positions(block).to(self.device)]
+            F = (self._slice_factors(factors, start, start + k) if factors is not None
+                 else self._block_factors(block, jitter, torch.float64))
+            if noise is None:
+                E = torch.randn((k, n, self.dim), dtype=torch.float64, generator=generator)
+            elif noise.ndim == 2:
+                E = noise.expand(k, n, self.dim)
+            else:
+                E = noise[start : start + k]
+            E = E.to(dtype=torch.float64, device=self.device)
+            xs.append((mu[:, None, :] + self._deviations(F, E)).reshape(-1, self.dim).to(dtype))
+            ys.append(torch.tensor(block, dtype=torch.int64).repeat_interleave(n))
+        if not xs:
+            raise ValueError("sample: no classes to sample from")
+        return torch.cat(xs), torch.cat(ys)
+
+    # ---------------------------------------------------------------- persistence
+    def memory_report(self) -> dict[str, int]:
+        """Bytes held by each stored tensor (allocated capacity included) and their total."""
+        report = {name.lstrip("_"): getattr(self, name).nbytes
+                  for name in (*self._per_class, *self._shared)}
+        report["total"] = sum(report.values())
+        return report
+
+    @property
+    def nbytes(self) -> int:
+        return self.memory_report()["total"]
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the statistics to a safetensors file with JSON metadata (atomic; no pickle)."""
+        tensors = {"labels": torch.tensor(self._labels, dtype=torch.int64)}
+        tensors.update({name.lstrip("_"): getattr(self, name)[: self.n_classes]
+                        for name in self._per_class})
+        tensors.update({name.lstrip("_"): getattr(self, name) for name in self._shared})
+        save_tensors(path, tensors, {"format": self._FORMAT, **self._config()})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, device: torch.device | str | None = None):
+        """Read statistics written by :meth:`save`.
+
+        ``ClassStatistics.load`` accepts a file of any storage (dense or low-rank) and returns an
+        object of the class that wrote it; ``ClassGaussians.load`` and friends accept only their
+        own format.
+        """
+        tensors, meta = load_tensors(path)
+        fmt = meta.get("format")
+        target = ClassStatistics._formats.get(fmt) if cls is ClassStatistics else cls
+        if target is None or fmt != target._FORMAT:
+            raise ValueError(f"{path}: not a {cls.__name__} file (format {fmt!r})")
+        out = target(**{k: v for k, v in meta.items() if k != "format"}, device=device)
+        labels = tensors["labels"].tolist()
+        if labels:
+            out._append_rows(labels, {name: tensors[name.lstrip("_")].to(out.device)
+                                      for name in target._per_class})
+        for name in target._shared:
+            setattr(out, name, tensors[name.lstrip("_")].to(out.device))
+        return out
+
+
+class ClassGaussians(ClassStatistics):
+    """Streaming, mergeable per-class count, mean and covariance in float64.
+
+    Parameters
+    ----------
+    dim : int
+        Feature dimension ``d``.
+    ddof : {0, 1}, default 0
+        Covariance normalisation ``1 / (n - ddof)``. 0 is the paper's maximum-likelihood
+        estimate; 1 is the unbiased estimate of the reference code. A class with ``n <= ddof``
+        has a zero covariance (heads regularise it; see their docs).
+    device : torch.device or str, optional
+        Where the statistics live (default CPU).
+
+    See Also
+    --------
+    gdacil.LowRankGaussians : the same interface with each covariance compressed to its top
+        eigenpairs, for tens of thousands of classes.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from gdacil import ClassGaussians
+    >>> g = torch.Generator().manual_seed(0)
+    >>> X, y = torch.randn(100, 8, generator=g), torch.arange(100) % 4
+    >>> stats = ClassGaussians(8).update(X[:60], y[:60]).update(X[60:], y[60:])
+    >>> stats.classes, stats.counts.tolist()
+    ([0, 1, 2, 3], [25.0, 25.0, 25.0, 25.0])
+    >>> torch.allclose(stats.means[1], X[y == 1].double().mean(0))
+    True
+    """
+
+    _FORMAT: ClassVar[str] = "gdacil.ClassGaussians/1"
+    _per_class: ClassVar[tuple[str, ...]] = ("_counts", "_means", "_scatters")
+
+    def __init__(self, dim: int, *, ddof: int = 0, device: torch.device | str | None = None):
+        super().__init__(dim, ddof=ddof, device=device)
+        self._scatters = torch.zeros(0, dim, dim, dtype=torch.float64, device=self.device)
+
+    def __repr__(self) -> str:
+        return f"ClassGaussians(dim={self.dim}, n_classes={self.n_classes}, ddof={self.ddof})"
+
+    def _config(self) -> dict[str, Any]:
+        return {"dim": self.dim, "ddof": self.ddof}
+
+    @property
+    def scatters(self) -> torch.Tensor:
+        """Centred scatter matrices ``sum (x - mu)(x - mu)^T``, shape ``(C, d, d)``."""
+        return self._scatters[: self.n_classes]
+
+    def covariances(self, labels: Sequence[int] | None = None) -> torch.Tensor:
+        """Covariances ``S / (n - ddof)`` of ``labels`` (all classes by default), ``(k, d, d)``.
+
+        Classes with ``n <= ddof`` get a zero matrix.
+        """
+        if labels is None:
+            S, n = self.scatters, self.counts
+        else:
+            pos = self.positions(labels).to(self.device)
+            S, n = self._scatters.index_select(0, pos), self._counts.index_select(0, pos)
+        denom = n - self.ddof
+        scale = torch.where(denom > 0, 1.0 / denom.clamp_min(1e-300), torch.zeros_like(denom))
+        return S * scale[:, None, None]
+
     def average_covariance(self, batch_size: int = 64) -> torch.Tensor:
         """Unweighted mean of the class covariances, ``Sigma_avg = (1/C) sum_c Sigma_c``.
 
@@ -169,7 +531,7 @@ class ClassGaussians:
         return 0.5 * (total + total.T)
 
     # ------------------------------------------------------------- accumulation
-    def update(self, features, labels) -> "ClassGaussians":
+    def update(self, features, labels) -> ClassGaussians:
         """Add a batch of samples. New labels become new classes. Returns ``self``."""
         X = as_features(features, dim=self.dim, dtype=torch.float64, device=self.device)
         y = as_labels(labels, n=X.shape[0])
@@ -186,7 +548,7 @@ class ClassGaussians:
         self._combine(uniq.tolist(), n_b, mu_b, S_b)
         return self
 
-    def merge(self, other: "ClassGaussians") -> "ClassGaussians":
+    def merge(self, other: ClassGaussians) -> ClassGaussians:
         """Fold ``other``'s statistics into ``self`` exactly (per-class Chan merge). Returns ``self``."""
         if not isinstance(other, ClassGaussians):
             raise TypeError(f"can only merge ClassGaussians, got {type(other).__name__}")
@@ -215,30 +577,14 @@ class ClassGaussians:
             outer = delta[:, :, None] * delta[:, None, :]
             self._scatters[pos] = self._scatters[pos] + S_b[sel] + outer * (n_a * nb / n)[:, None, None]
             self._counts[pos] = n
-            for i, p in zip(known, pos.tolist()):
+            for p in pos.tolist():
                 self._revisions[p] = _next_revisions(1)[0]
         if fresh:
             sel = torch.tensor(fresh, device=self.device)
             self._append([labels[i] for i in fresh], n_b[sel], mu_b[sel], S_b[sel])
 
     def _append(self, labels: list[int], counts, means, scatters) -> None:
-        dup = [c for c in labels if c in self._index]
-        if dup or len(set(labels)) != len(labels):
-            raise ValueError(f"classes already present or repeated: {sorted(set(dup)) or labels}")
-        C, k = self.n_classes, len(labels)
-        capacity = self._counts.shape[0]
-        if C + k > capacity:
-            new_cap = max(C + k, 2 * capacity, 8)
-            self._counts = _grow(self._counts, new_cap)
-            self._means = _grow(self._means, new_cap)
-            self._scatters = _grow(self._scatters, new_cap)
-        self._counts[C : C + k] = counts
-        self._means[C : C + k] = means
-        self._scatters[C : C + k] = scatters
-        for offset, c in enumerate(labels):
-            self._index[int(c)] = C + offset
-        self._labels.extend(int(c) for c in labels)
-        self._revisions.extend(_next_revisions(k))
+        self._append_rows(labels, {"_counts": counts, "_means": means, "_scatters": scatters})
 
     # ------------------------------------------------------- building and editing
     @classmethod
@@ -251,7 +597,7 @@ class ClassGaussians:
         *,
         ddof: int = 0,
         device: torch.device | str | None = None,
-    ) -> "ClassGaussians":
+    ) -> ClassGaussians:
         """Build statistics from given means ``(C, d)``, covariances ``(C, d, d)`` and counts ``(C,)``.
 
         Counts are needed so that later updates and merges weigh the classes correctly.
@@ -261,223 +607,45 @@ class ClassGaussians:
         stats.add_classes(labels, means, covariances, counts)
         return stats
 
-    def add_classes(self, labels: Sequence[int], means, covariances, counts) -> "ClassGaussians":
-        """Add new classes from their moments. Returns ``self``."""
-        labels = as_labels(labels, name="labels").tolist()
-        means = as_features(means, dim=self.dim, dtype=torch.float64, device=self.device,
-                            name="means")
-        covs = torch.as_tensor(covariances, dtype=torch.float64).to(self.device)
-        counts = torch.as_tensor(counts, dtype=torch.float64).to(self.device).reshape(-1)
-        k = len(labels)
-        if means.shape[0] != k or covs.shape != (k, self.dim, self.dim) or counts.shape[0] != k:
-            raise ValueError(
-                f"add_classes: expected {k} means (k, {self.dim}), covariances (k, {self.dim}, "
-                f"{self.dim}) and counts (k,); got {tuple(means.shape)}, {tuple(covs.shape)}, "
-                f"{tuple(counts.shape)}"
-            )
-        if not torch.isfinite(covs).all():
-            raise ValueError("add_classes: covariances contain NaN or inf")
-        if not torch.isfinite(counts).all() or (counts <= 0).any():
-            raise ValueError("add_classes: counts must be positive")
-        if (covs - covs.transpose(1, 2)).abs().amax() > 1e-8 * covs.abs().amax().clamp_min(1e-300):
-            raise ValueError("add_classes: covariances are not symmetric")
+    def _add_moments(self, labels, counts, means, covs) -> None:
         denom = (counts - self.ddof).clamp_min(0.0)
         self._append(labels, counts, means, covs * denom[:, None, None])
-        return self
 
-    def with_moments(self, labels: Sequence[int], means, covariances=None) -> "ClassGaussians":
-        """A copy whose ``labels`` have the given means and covariances (counts are kept).
-
-        This is how drift compensators return transformed statistics; see :meth:`set_moments`.
-        """
-        return self.copy().set_moments(labels, means, covariances)
-
-    def set_moments(self, labels: Sequence[int], means, covariances=None) -> "ClassGaussians":
-        """Overwrite the means (and covariances) of ``labels`` in place. Returns ``self``.
-
-        Counts are kept. With ``covariances=None`` only the means change (the scatter is centred,
-        so the covariances stay as they are). Covariances are symmetrised. Compensators write
-        their results block by block with this, so peak memory is one block, not all classes.
-        """
-        pos = self.positions(labels).to(self.device)
-        means = as_features(means, dim=self.dim, dtype=torch.float64, device=self.device,
-                            name="means")
-        if means.shape[0] != len(pos):
-            raise ValueError(f"set_moments: {means.shape[0]} means for {len(pos)} labels")
-        if covariances is not None:
-            covs = torch.as_tensor(covariances, dtype=torch.float64).to(self.device)
-            if covs.shape != (len(pos), self.dim, self.dim):
-                raise ValueError(
-                    f"set_moments: covariances must have shape ({len(pos)}, {self.dim}, "
-                    f"{self.dim}); got {tuple(covs.shape)}"
-                )
-            if not torch.isfinite(covs).all():
-                raise ValueError("set_moments: covariances contain NaN or inf")
-            denom = (self._counts[pos] - self.ddof).clamp_min(0.0)
-            self._scatters[pos] = 0.5 * (covs + covs.transpose(1, 2)) * denom[:, None, None]
-        self._means[pos] = means
-        for p in pos.tolist():
-            self._revisions[p] = _next_revisions(1)[0]
-        return self
-
-    def remove_classes(self, labels: Iterable[int]) -> "ClassGaussians":
-        """Forget ``labels``. Returns ``self``."""
-        drop = set(self.positions(labels).tolist())
-        keep = [i for i in range(self.n_classes) if i not in drop]
-        self._keep(keep)
-        return self
-
-    def subset(self, labels: Sequence[int]) -> "ClassGaussians":
-        """A new object holding only ``labels`` (in that order)."""
-        out = self.copy()
-        out._keep(out.positions(labels).tolist())
-        return out
-
-    def _keep(self, keep: list[int]) -> None:
-        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
-        self._counts = self._counts.index_select(0, idx)
-        self._means = self._means.index_select(0, idx)
-        self._scatters = self._scatters.index_select(0, idx)
-        self._labels = [self._labels[i] for i in keep]
-        self._revisions = [self._revisions[i] for i in keep]
-        self._index = {c: i for i, c in enumerate(self._labels)}
-
-    def copy(self) -> "ClassGaussians":
-        out = ClassGaussians(self.dim, ddof=self.ddof, device=self.device)
-        out._labels = list(self._labels)
-        out._index = dict(self._index)
-        out._revisions = list(self._revisions)
-        out._counts = self.counts.clone()
-        out._means = self.means.clone()
-        out._scatters = self.scatters.clone()
-        return out
-
-    def to(self, device: torch.device | str) -> "ClassGaussians":
-        out = self.copy()
-        out.device = torch.device(device)
-        out._counts, out._means, out._scatters = (
-            t.to(out.device) for t in (out._counts, out._means, out._scatters)
-        )
-        return out
+    def _write_covariances(self, labels, pos, covs) -> None:
+        denom = (self._counts[pos] - self.ddof).clamp_min(0.0)
+        self._scatters[pos] = covs * denom[:, None, None]
 
     # ----------------------------------------------------------------- sampling
     def sampling_factors(self, labels: Sequence[int] | None = None, *, jitter: float = 0.0,
                          batch_size: int = 64, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """Factors ``F_c`` with ``F_c F_c^T = Sigma_c + jitter I`` (see :func:`~gdacil.linalg.psd_factor`),
-        shape ``(k, d, d)``, to pass to :meth:`sample` as ``factors``."""
-        jitter = check_nonnegative(jitter, "jitter")
-        eye = torch.eye(self.dim, dtype=torch.float64, device=self.device)
-        return torch.cat([psd_factor(cov + jitter * eye if jitter else cov).to(dtype)
-                          for *_, cov in self.iter_batches(batch_size, labels)])
+        shape ``(k, d, d)``, to pass to :meth:`sample` as ``factors``.
 
-    def sample(
-        self,
-        n_per_class: int,
-        *,
-        generator: torch.Generator,
-        labels: Sequence[int] | None = None,
-        noise: torch.Tensor | None = None,
-        jitter: float = 0.0,
-        factors: torch.Tensor | None = None,
-        batch_size: int = 64,
-        dtype: torch.dtype = torch.float64,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draw ``n_per_class`` samples from ``N(mu_c, Sigma_c + jitter I)`` for every class in ``labels``.
-
-        Parameters
-        ----------
-        generator : torch.Generator
-            Required, so that every draw is reproducible.
-        noise : tensor of shape ``(n_per_class, d)`` or ``(k, n_per_class, d)``, optional
-            Standard-normal noise: one block shared by every class (common random numbers), or
-            one block per class in ``labels`` order (``k = len(labels)``). Drawn from
-            ``generator`` per class when omitted. Sample ``i`` of class ``c`` is
-            ``mu_c + L_c noise_i`` with ``L_c`` the Cholesky factor (an eigendecomposition factor
-            for singular covariances, e.g. classes with fewer samples than dimensions).
-        jitter : float, default 0
-            Added to the diagonal of every covariance before factorising.
-        factors : tensor ``(k, d, d)``, optional
-            Precomputed :meth:`sampling_factors` of ``labels`` (with the same ``jitter``), for
-            callers that sample the same classes many times.
-
-        Returns
-        -------
-        X : tensor ``(k * n_per_class, d)`` and y : int64 tensor of labels, grouped by class.
+        The Cholesky factor, or an eigendecomposition factor for singular covariances (e.g.
+        classes with fewer samples than dimensions).
         """
-        if not isinstance(generator, torch.Generator):
-            raise TypeError("sample() needs an explicit torch.Generator (seeded) for reproducibility")
-        n = check_positive_int(n_per_class, "n_per_class")
         jitter = check_nonnegative(jitter, "jitter")
+        batch_size = check_positive_int(batch_size, "batch_size")
         labels = self.classes if labels is None else [int(c) for c in labels]
-        if factors is not None and tuple(factors.shape) != (len(labels), self.dim, self.dim):
-            raise ValueError(f"factors must have shape ({len(labels)}, {self.dim}, {self.dim}); "
-                             f"got {tuple(factors.shape)}")
-        if noise is not None and tuple(noise.shape) not in ((n, self.dim),
-                                                            (len(labels), n, self.dim)):
-            raise ValueError(f"noise must have shape ({n}, {self.dim}) or ({len(labels)}, {n}, "
-                             f"{self.dim}); got {tuple(noise.shape)}")
-        eye = torch.eye(self.dim, dtype=torch.float64, device=self.device)
-        xs, ys, start = [], [], 0
-        for block, _, mu, cov in self.iter_batches(batch_size, labels):
-            k = len(block)
-            L = (factors[start : start + k].to(device=self.device, dtype=torch.float64)
-                 if factors is not None else psd_factor(cov + jitter * eye if jitter else cov))
-            if noise is None:
-                E = torch.randn((k, n, self.dim), dtype=torch.float64, generator=generator)
-            elif noise.ndim == 2:
-                E = noise.expand(k, n, self.dim)
-            else:
-                E = noise[start : start + k]
-            start += k
-            E = E.to(dtype=torch.float64, device=self.device)
-            xs.append((mu[:, None, :] + E @ L.transpose(1, 2)).reshape(-1, self.dim).to(dtype))
-            ys.append(torch.tensor(block, dtype=torch.int64).repeat_interleave(n))
-        if not xs:
-            raise ValueError("sample: no classes to sample from")
-        return torch.cat(xs), torch.cat(ys)
+        return torch.cat([self._block_factors(labels[start : start + batch_size], jitter, dtype)
+                          for start in range(0, len(labels), batch_size)])
 
-    # ---------------------------------------------------------------- persistence
-    def memory_report(self) -> dict[str, int]:
-        """Bytes held by each stored tensor (allocated capacity included) and their total."""
-        report = {
-            "counts": self._counts.nbytes,
-            "means": self._means.nbytes,
-            "scatters": self._scatters.nbytes,
-        }
-        report["total"] = sum(report.values())
-        return report
+    def _block_factors(self, labels, jitter, dtype) -> torch.Tensor:
+        cov = self.covariances(labels)
+        if jitter:
+            cov = cov + jitter * torch.eye(self.dim, dtype=torch.float64, device=self.device)
+        return psd_factor(cov).to(dtype)
 
-    @property
-    def nbytes(self) -> int:
-        return self.memory_report()["total"]
+    def _check_factors(self, factors, k: int) -> None:
+        if not isinstance(factors, torch.Tensor) or tuple(factors.shape) != (k, self.dim, self.dim):
+            raise ValueError(f"factors must have shape ({k}, {self.dim}, {self.dim}); got "
+                             f"{tuple(getattr(factors, 'shape', ()))}")
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the statistics to a safetensors file (atomic)."""
-        save_tensors(
-            path,
-            {
-                "labels": torch.tensor(self._labels, dtype=torch.int64),
-                "counts": self.counts,
-                "means": self.means,
-                "scatters": self.scatters,
-            },
-            {"format": _FORMAT, "dim": self.dim, "ddof": self.ddof},
-        )
+    def _slice_factors(self, factors, start: int, stop: int) -> torch.Tensor:
+        return factors[start:stop]
 
-    @classmethod
-    def load(cls, path: str | os.PathLike, *, device: torch.device | str | None = None):
-        tensors, meta = load_tensors(path)
-        if meta.get("format") != _FORMAT:
-            raise ValueError(f"{path}: not a ClassGaussians file (format {meta.get('format')!r})")
-        out = cls(meta["dim"], ddof=meta["ddof"], device=device)
-        if tensors["labels"].numel():
-            out._append(
-                tensors["labels"].tolist(),
-                tensors["counts"].to(out.device),
-                tensors["means"].to(out.device),
-                tensors["scatters"].to(out.device),
-            )
-        return out
+    def _deviations(self, factors, noise: torch.Tensor) -> torch.Tensor:
+        return noise @ factors.to(device=self.device, dtype=torch.float64).transpose(1, 2)
 
 
 def _grow(t: torch.Tensor, capacity: int) -> torch.Tensor:

@@ -45,7 +45,13 @@ from .config import PARAMS, StrategyConfig, TrainConfig
 from .distill import Teacher
 from .lora import LoRAConfig, attach_lora, lora_layers, merge_lora
 from .loss import LOSSES, cross_entropy, feature_distillation, symmetric_cross_entropy
-from .nullspace import NullSpaceConfig, input_second_moments, null_space_split, soft_projector
+from .nullspace import (
+    NullSpaceConfig,
+    input_moment_sums,
+    input_second_moments,
+    null_space_split,
+    soft_projector,
+)
 from .optim import OPTIMIZERS, lr_factor, make_optimization
 from .params import ROLES, block_linears, mlp_weight_names
 
@@ -71,6 +77,7 @@ __all__ = [
     "build_strategy",
     "cross_entropy",
     "feature_distillation",
+    "input_moment_sums",
     "input_second_moments",
     "lora_layers",
     "lr_factor",

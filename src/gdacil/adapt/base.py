@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .. import distributed
+from .._random import make_generator
 from .._validation import as_labels
 from ..backbones import Backbone, RandomProjection
 from ..backbones.base import ImageBackbone
-from .._random import make_generator
 from .augment import augment_images
 from .config import StrategyConfig
 from .distill import Teacher
@@ -33,6 +34,7 @@ from .lora import attach_lora, merge_lora
 from .loss import LOSSES, feature_distillation
 from .nullspace import (
     accumulate_moments,
+    input_moment_sums,
     input_second_moments,
     null_space_split,
     soft_projector,
@@ -66,6 +68,19 @@ def minibatches(n: int, batch_size: int, steps: int, generator: torch.Generator
 
 def _draw_seed(generator: torch.Generator) -> int:
     return int(torch.randint(0, 2**62, (), generator=generator))
+
+
+def _input_moments(bb: Backbone, linears: dict, raws: Sequence, batch_size: int
+                   ) -> dict[str, torch.Tensor]:
+    """NSP input second moments of ``raws``; under torch.distributed each rank runs its shard
+    of ``raws`` and the sums and token counts are summed over the ranks, so every rank gets
+    the same moments (those of all of ``raws``, up to round-off)."""
+    if distributed.world_size() == 1:
+        return input_second_moments(bb, linears, raws, batch_size=batch_size)
+    sums, counts = input_moment_sums(bb, linears, distributed.shard(raws), batch_size=batch_size)
+    n = torch.tensor([counts[name] for name in linears], dtype=torch.float64, device=bb.device)
+    distributed.all_reduce_sum([*sums.values(), n])
+    return {name: sums[name] / n[i] for i, name in enumerate(linears)}
 
 
 @dataclass
@@ -166,6 +181,12 @@ class Strategy:
         Every random draw (head initialisation, batch order, augmentation) comes from
         ``generator`` (an int seed or a ``torch.Generator``).
 
+        Under torch.distributed (see :mod:`gdacil.distributed`) every rank passes the same
+        ``raws``, ``labels`` and seed: every rank draws and preprocesses each global batch, runs
+        forward and backward on its own contiguous share of it, and the gradients are summed
+        over the ranks (:meth:`_shared_backward`), so each update equals single-process
+        training on the same global batch up to round-off and the ranks stay identical.
+
         Returns
         -------
         dict
@@ -206,17 +227,17 @@ class Strategy:
         try:
             for idx in minibatches(len(raws), tc.batch_size, tc.steps, gen):
                 inputs = self._inputs(bb, [raws[i] for i in idx.tolist()], gen)
-                teacher = state.teacher.features(bb, inputs) if state.teacher else None
-                features = bb.forward(inputs)
-                task_loss = task_loss_fn(features @ head.T, targets[idx].to(bb.device),
-                                         lambda1=tc.sce_lambda1, lambda2=tc.sce_lambda2)
-                kd = (feature_distillation(features, teacher) if teacher is not None
-                      else torch.zeros((), device=bb.device))
-                loss = task_loss + cfg.kd_weight * kd
-                loss.backward()
+                if distributed.world_size() > 1:
+                    terms = self._shared_backward(bb, head, inputs, targets[idx], task_loss_fn,
+                                                  [*trained, head])
+                else:
+                    loss, terms = self._batch_loss(bb, head, inputs, targets[idx], task_loss_fn)
+                    loss.backward()
                 opt.step(project)
-                losses.append(torch.stack([loss, task_loss, kd]).detach())
-            history = torch.stack(losses).T.tolist()
+                losses.append(terms)
+            history = torch.stack(losses)
+            distributed.all_reduce_sum([history])  # the ranks' weighted shares add up
+            history = history.T.tolist()
         finally:
             bb.model.train(was_training)
             for p in trained:
@@ -225,6 +246,38 @@ class Strategy:
         log["steps"] = len(losses)
         log["loss"], log["task_loss"], log["kd_loss"] = history
         return log
+
+    def _batch_loss(self, bb: Backbone, head: torch.Tensor, inputs: dict,
+                    targets: torch.Tensor, task_loss_fn) -> tuple[torch.Tensor, torch.Tensor]:
+        """The loss of a batch (mean over its samples) and its detached terms
+        ``(total, task, kd)``."""
+        cfg, tc, teacher = self.config, self.config.train, self._task.teacher
+        teacher_features = teacher.features(bb, inputs) if teacher else None
+        features = bb.forward(inputs)
+        task_loss = task_loss_fn(features @ head.T, targets.to(bb.device),
+                                 lambda1=tc.sce_lambda1, lambda2=tc.sce_lambda2)
+        kd = (feature_distillation(features, teacher_features) if teacher_features is not None
+              else torch.zeros((), device=bb.device))
+        loss = task_loss + cfg.kd_weight * kd
+        return loss, torch.stack([loss, task_loss, kd]).detach()
+
+    def _shared_backward(self, bb: Backbone, head: torch.Tensor, inputs: dict,
+                         targets: torch.Tensor, task_loss_fn, params: list) -> torch.Tensor:
+        """Data-parallel backward of one global batch: this rank takes its contiguous share of
+        the rows (:func:`gdacil.distributed.shard_bounds`), weighs its mean loss by the share's
+        fraction of the batch, and the gradients of ``params`` are summed over the ranks, so
+        every rank holds the gradient of the global batch's mean loss. Returns this rank's
+        weighted ``(total, task, kd)``; their sum over the ranks is the batch's."""
+        start, stop = distributed.shard_bounds(len(targets))
+        weight = (stop - start) / len(targets)
+        terms = torch.zeros(3, device=bb.device)
+        if weight:  # a rank whose share is empty adds zero gradients
+            local = {k: v[start:stop] for k, v in inputs.items()}
+            loss, terms = self._batch_loss(bb, head, local, targets[start:stop], task_loss_fn)
+            (loss * weight).backward()
+            terms = terms * weight
+        distributed.all_reduce_grads(params)
+        return terms
 
     def _inputs(self, bb: Backbone, batch: list, generator: torch.Generator) -> dict:
         """Model inputs of a training batch on the backbone's device (augmented if configured)."""
@@ -263,7 +316,7 @@ class Strategy:
                 raise ValueError("null-space strategies need the task's training samples in "
                                  "end_task(backbone, raws)")
             linears = block_linears(bb, ("mlp_in", "mlp_out"))
-            new = input_second_moments(bb, linears, raws, batch_size=ns.batch_size)
+            new = _input_moments(bb, linears, raws, ns.batch_size)
             self.moments_ = {name: accumulate_moments(self.moments_.get(name), new[name], ns)
                              for name in linears}
         self._task = None

@@ -37,6 +37,7 @@ from ._serial import SerialConfig, check_range
 __all__ = [
     "NullSpaceConfig",
     "accumulate_moments",
+    "input_moment_sums",
     "input_second_moments",
     "null_space_split",
     "soft_projector",
@@ -79,14 +80,13 @@ class NullSpaceConfig(SerialConfig):
         check_positive_int(self.batch_size, "null_space batch_size")
 
 
-def input_second_moments(
+def input_moment_sums(
     backbone: Backbone, linears: Mapping[str, nn.Linear], raws: Sequence, *, batch_size: int
-) -> dict[str, torch.Tensor]:
-    """Uncentred second moments ``X^T X / n`` (float64) of the inputs of each linear, over every
-    token of ``raws`` (positions where the inputs' ``attention_mask`` is 0 are left out), with the
-    model in evaluation mode and without gradients."""
-    if len(raws) == 0:
-        raise ValueError("input_second_moments needs at least one sample")
+) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+    """Uncentred input sums ``X^T X`` (float64) of each linear and the number of rows of ``X``,
+    over every token of ``raws`` (positions where the inputs' ``attention_mask`` is 0 are left
+    out), with the model in evaluation mode and without gradients. ``raws`` may be empty (zero
+    sums and counts), so the sums of shards add up to the sums of the whole."""
     sums: dict[str, torch.Tensor] = {}
     counts = dict.fromkeys(linears, 0)
     mask: list[torch.Tensor | None] = [None]
@@ -116,6 +116,21 @@ def input_second_moments(
         for h in handles:
             h.remove()
         backbone.model.train(was_training)
+    for name, m in linears.items():
+        if name not in sums:
+            width = m.weight.shape[1]
+            sums[name] = torch.zeros(width, width, dtype=torch.float64, device=m.weight.device)
+    return sums, counts
+
+
+def input_second_moments(
+    backbone: Backbone, linears: Mapping[str, nn.Linear], raws: Sequence, *, batch_size: int
+) -> dict[str, torch.Tensor]:
+    """Uncentred second moments ``X^T X / n`` (float64) of the inputs of each linear, over every
+    token of ``raws`` (see :func:`input_moment_sums`)."""
+    if len(raws) == 0:
+        raise ValueError("input_second_moments needs at least one sample")
+    sums, counts = input_moment_sums(backbone, linears, raws, batch_size=batch_size)
     return {name: sums[name] / counts[name] for name in linears}
 
 

@@ -121,18 +121,35 @@ class Backbone(abc.ABC):
         the CPU. The model's train/eval mode is restored afterwards."""
         n = len(raw)
         step = n if not batch_size else int(batch_size)
+        order = self.extraction_order(raw)
         was_training = self.model.training
         self.model.eval()
         out = []
         try:
             with torch.no_grad():
                 for start in range(0, n, max(step, 1)):
-                    inputs = self.preprocess(raw[start : start + step])
+                    if order is None:
+                        batch = raw[start : start + step]
+                    else:
+                        batch = [raw[i] for i in order[start : start + step]]
+                    inputs = self.preprocess(batch)
                     inputs = {k: v.to(self.device) for k, v in inputs.items()}
                     out.append(self.forward(inputs).float().cpu())
         finally:
             self.model.train(was_training)
-        return torch.cat(out) if out else torch.empty(0, self.dim)
+        if not out:
+            return torch.empty(0, self.dim)
+        if order is None:
+            return torch.cat(out)
+        features = torch.empty(n, self.dim)
+        features[torch.as_tensor(order, dtype=torch.long)] = torch.cat(out)
+        return features
+
+    def extraction_order(self, raw: Sequence) -> list[int] | None:
+        """The order in which :meth:`extract` batches the inputs, or None for input order
+        (features always come back in input order). Text backbones batch similar lengths
+        together, so little compute goes to padding."""
+        return None
 
     def weights_fingerprint(self) -> str:
         """sha256 of every tensor in ``model.state_dict()`` (sorted by name): changes with any

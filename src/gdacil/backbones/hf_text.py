@@ -114,6 +114,9 @@ class HFTextBackbone(Backbone):
             k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")
         }
 
+    def extraction_order(self, raw: Sequence[str]) -> list[int]:
+        return sorted(range(len(raw)), key=lambda i: len(raw[i]))  # stable: ties keep input order
+
     def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         out = self.model(**inputs)
         if self.pooling == "pooler":
@@ -132,6 +135,7 @@ class HFTextBackbone(Backbone):
             "pooling": self.pooling,
             "final_norm": self.final_norm,
             "preprocess": {
+                "batching": "by length",
                 "max_length": self.max_length,
                 "tokenizer_sha256": self._tokenizer_sha256,
             },

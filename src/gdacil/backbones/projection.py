@@ -48,6 +48,9 @@ class RandomProjection(Backbone):
     def preprocess(self, raw):
         return self.base.preprocess(raw)
 
+    def extraction_order(self, raw):
+        return self.base.extraction_order(raw)
+
     def forward(self, inputs):
         f = self.base.forward(inputs)
         return torch.relu(f @ self.weight.to(f.dtype))

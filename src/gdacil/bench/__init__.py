@@ -7,6 +7,8 @@ import importlib
 BENCHMARKS = {
     "heads": "gdacil.bench.heads",
     "drift": "gdacil.bench.drift",
+    "strategies": "gdacil.bench.strategies",
+    "scale": "gdacil.bench.scale",
 }
 
 

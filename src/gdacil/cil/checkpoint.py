@@ -2,7 +2,8 @@
 
 A checkpoint after task ``k`` is, in the seed's directory:
 
-- ``stats_task<k>_<track>.safetensors``: the class statistics of every compensator track;
+- ``stats_task<k>_<track>.safetensors``: the class statistics of every compensator track
+  (:class:`~gdacil.ClassGaussians` or :class:`~gdacil.LowRankGaussians`, as configured);
 - ``backbone_task<k>.safetensors`` and ``strategy_task<k>.safetensors``: the adapted weights
   and the strategy's state (only when the strategy trains the backbone);
 - ``state.json``: evaluations, timings and diagnostics so far, naming the files above.
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 
 from ..io import atomic_write_text, load_tensors, save_tensors
-from ..stats import ClassGaussians
+from ..stats import ClassStatistics
 from .metrics import TaskEvaluation
 
 __all__ = ["SeedState", "save_checkpoint", "load_checkpoint"]
@@ -34,7 +35,7 @@ class SeedState:
     """What a seed's run has done so far."""
 
     completed: int  # number of tasks done
-    tracks: dict[str, ClassGaussians]  # compensator label -> statistics
+    tracks: dict[str, ClassStatistics]  # compensator label -> statistics (dense or low-rank)
     evaluations: dict[str, list[TaskEvaluation]] = field(default_factory=dict)
     timings: list[dict] = field(default_factory=list)
     diagnostics: list[dict] = field(default_factory=list)
@@ -100,7 +101,7 @@ def load_checkpoint(directory: Path, fingerprint: str) -> SeedState | None:
             "Use another output_dir, or delete the directory to start over."
         )
     files = payload["files"]
-    tracks = {label: ClassGaussians.load(directory / name) for label, name in files["tracks"].items()}
+    tracks = {label: ClassStatistics.load(directory / name) for label, name in files["tracks"].items()}
     backbone = load_tensors(directory / files["backbone"])[0] if "backbone" in files else None
     strategy = load_tensors(directory / files["strategy"]) if "strategy" in files else None
     evaluations = {label: [_eval_from_json(e) for e in v]

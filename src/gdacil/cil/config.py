@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "ConfigError", "BackboneConfig", "HeadConfig", "AnchorConfig",
+    "ConfigError", "BackboneConfig", "HeadConfig", "AnchorConfig", "StatisticsConfig",
     "ExperimentConfig", "load_config", "apply_overrides", "config_from_dict",
 ]
 
@@ -52,6 +52,47 @@ class AnchorConfig:
 
 
 @dataclass
+class StatisticsConfig:
+    """How each track stores its class statistics.
+
+    ``storage: dense`` keeps a float64 ``d x d`` covariance per class (:class:`gdacil.ClassGaussians`).
+    ``storage: lowrank`` accumulates each task's new classes densely, then keeps only their
+    top-``rank`` covariance eigenpairs (eigenvectors in ``dtype``) and residual variance
+    (:class:`gdacil.LowRankGaussians`), found by ``decomposition`` ("eigh" or the seeded
+    "randomized"); the average covariance stays exact up to drift compensation (see
+    :mod:`gdacil.lowrank_stats`). ``rank``, ``dtype`` and ``decomposition`` apply to lowrank only.
+    """
+
+    storage: str = "dense"
+    rank: int = 128
+    dtype: str = "float64"
+    decomposition: str = "eigh"
+
+    def __post_init__(self):
+        if self.storage not in ("dense", "lowrank"):
+            raise ConfigError(f"statistics.storage must be 'dense' or 'lowrank'; got {self.storage!r}")
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+            raise ConfigError(f"statistics.rank must be a positive integer; got {self.rank!r}")
+        if self.dtype not in ("float32", "float64"):
+            raise ConfigError(f"statistics.dtype must be 'float32' or 'float64'; got {self.dtype!r}")
+        if self.decomposition not in ("eigh", "randomized"):
+            raise ConfigError("statistics.decomposition must be 'eigh' or 'randomized'; got "
+                              f"{self.decomposition!r}")
+
+    def empty(self, dim: int, ddof: int):
+        """Empty statistics of this storage for features of dimension ``dim``."""
+        from ..lowrank_stats import LowRankGaussians
+        from ..stats import ClassGaussians
+
+        if self.storage == "dense":
+            return ClassGaussians(dim, ddof=ddof)
+        if self.rank > dim:
+            raise ConfigError(f"statistics.rank = {self.rank} exceeds the feature dimension {dim}")
+        return LowRankGaussians(dim, self.rank, ddof=ddof, dtype=self.dtype,
+                                decomposition=self.decomposition)
+
+
+@dataclass
 class ExperimentConfig:
     """A whole class-incremental experiment."""
 
@@ -64,10 +105,13 @@ class ExperimentConfig:
     heads: dict = field(default_factory=lambda: {"lr_rgda": HeadConfig()})
     # Stage-1 strategy: {"name": ..., "defaults": "paper" | "reference", **overrides}
     strategy: dict = field(default_factory=lambda: {"name": "frozen"})
-    # one track of class statistics per compensator: label -> {"name": ..., **hyperparameters}
+    # one track of class statistics per compensator: label -> {"name": ..., **hyperparameters},
+    # plus optionally "anchors": how many of the run's external anchors the track uses
     compensators: dict = field(default_factory=lambda: {"none": {"name": "identity"}})
     anchors: AnchorConfig = field(default_factory=AnchorConfig)
     drift_diagnostics: bool = False  # compare each track with recomputed (oracle) statistics
+    # how tracks store class statistics: dense covariances or compressed top eigenpairs
+    statistics: StatisticsConfig = field(default_factory=StatisticsConfig)
     threads: int | None = None  # torch CPU threads for the run (None: torch's default)
     ddof: int = 0
     output_dir: str | None = None  # default: runs/<name>
@@ -120,7 +164,23 @@ class ExperimentConfig:
         spec = self.compensators[label]
         if not isinstance(spec, dict) or "name" not in spec:
             raise ValueError("expected a mapping with a 'name' (gdacil list compensators)")
-        return get_compensator(dict(spec))
+        self.track_anchors(label)
+        return get_compensator({k: v for k, v in spec.items() if k != "anchors"})
+
+    def track_anchors(self, label: str) -> int | None:
+        """How many of the run's external anchors track ``label`` fits on (None: all of them).
+
+        A track's ``anchors: n`` takes a nested random subset of the ``anchors.n`` drawn for
+        the run (see :func:`gdacil.cil.runner.anchor_subset`), so one run can sweep the
+        auxiliary-set size; the current task's samples are added as for every track.
+        """
+        n = self.compensators[label].get("anchors")
+        if n is None:
+            return None
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= self.anchors.n:
+            raise ValueError(f"anchors must be an integer from 0 to anchors.n = {self.anchors.n}; "
+                             f"got {n!r}")
+        return n
 
     def build_protocol(self, seed: int):
         """The :class:`gdacil.data.Protocol` of this experiment for run seed ``seed``."""

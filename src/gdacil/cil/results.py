@@ -15,17 +15,15 @@ from ..io import atomic_write_bytes, atomic_write_text
 from .config import ExperimentConfig
 from .metrics import IncrementalMetrics, summarize_seeds
 
-__all__ = ["write_results", "results_table"]
+__all__ = ["results_record", "write_results", "results_table"]
 
 _SUMMARY_KEYS = ("last_acc", "inc_acc", "forgetting", "final_class_balanced_acc")
 
 
-def write_results(out: Path, cfg: ExperimentConfig, metrics: dict[int, dict[str, IncrementalMetrics]],
-                  timings: dict, *, diagnostics: dict | None = None, log: Callable = print) -> dict:
-    """Write ``results.json``, ``results.csv``, ``timings.json`` and ``accuracy.png`` under ``out``.
-
-    ``diagnostics`` (per seed, per task, per compensator track: errors against the oracle
-    statistics) go into ``results.json`` too."""
+def results_record(cfg: ExperimentConfig, metrics: dict[int, dict[str, IncrementalMetrics]], *,
+                   diagnostics: dict | None = None) -> dict:
+    """The content of ``results.json``: the config (without storage locations), the metrics
+    per seed and head, their summary over seeds, and ``diagnostics`` if any."""
     per_seed = {str(seed): {label: m.to_dict() for label, m in heads.items()}
                 for seed, heads in metrics.items()}
     labels = list(next(iter(metrics.values())))
@@ -39,6 +37,17 @@ def write_results(out: Path, cfg: ExperimentConfig, metrics: dict[int, dict[str,
         results["drift_diagnostics"] = {str(s): d for s, d in diagnostics.items()}
     for key in ("output_dir", "cache_dir", "progress", "threads"):
         results["config"].pop(key)
+    return results
+
+
+def write_results(out: Path, cfg: ExperimentConfig, metrics: dict[int, dict[str, IncrementalMetrics]],
+                  timings: dict, *, diagnostics: dict | None = None, log: Callable = print) -> dict:
+    """Write ``results.json``, ``results.csv``, ``timings.json`` and ``accuracy.png`` under ``out``.
+
+    ``diagnostics`` (per seed, per task, per compensator track: errors against the oracle
+    statistics) go into ``results.json`` too. Returns :func:`results_record`."""
+    results = results_record(cfg, metrics, diagnostics=diagnostics)
+    per_seed, summary = results["seeds"], results["summary"]
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "results.json", json.dumps(results, indent=2, sort_keys=True) + "\n")
     atomic_write_text(out / "timings.json", json.dumps(timings, indent=2, sort_keys=True) + "\n")

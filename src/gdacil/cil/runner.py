@@ -4,7 +4,8 @@ For every seed and every task ``t``:
 
 1. anchor features under the current backbone (``t > 0``, when a compensator needs them);
 2. the Stage-1 strategy adapts the backbone on the task's training samples;
-3. features of the task's training samples, and the statistics of its new classes;
+3. features of the task's training samples and of the anchors under the adapted backbone (one
+   extraction), and the statistics of the new classes;
 4. every compensator track moves its old-class statistics into the new feature space (fitted on
    the anchors' features before and after step 2), then takes the new classes;
 5. every head is rebuilt from every track's statistics and evaluated on the test samples of all
@@ -25,15 +26,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import distributed
 from ..hashing import sha256_json
 from ..heads import build_head
 from ..stats import ClassGaussians
 from .checkpoint import SeedState, load_checkpoint, save_checkpoint
 from .config import ExperimentConfig
 from .metrics import IncrementalMetrics, TaskEvaluation
-from .results import write_results
+from .results import results_record, write_results
 
-__all__ = ["run_experiment", "experiment_fingerprint", "output_dir", "result_label"]
+__all__ = ["run_experiment", "experiment_fingerprint", "output_dir", "result_label", "anchor_subset"]
 
 
 def output_dir(cfg: ExperimentConfig) -> Path:
@@ -45,6 +47,8 @@ def experiment_fingerprint(cfg: ExperimentConfig) -> str:
     d = cfg.to_dict()
     for key in ("output_dir", "cache_dir", "progress", "threads"):
         d.pop(key)
+    if cfg.statistics.storage == "dense":  # the default: fingerprints of earlier runs stay valid
+        d.pop("statistics")
     d["protocol"] = cfg.build_protocol(0).identity()  # without storage locations
     return sha256_json(d)
 
@@ -74,7 +78,8 @@ class _SeedRun:
         from ..data import FeatureCache
 
         self.cfg, self.seed, self.dir, self.log = cfg, seed, directory, log
-        self.tasks = cfg.build_protocol(seed).build(manifest=directory / "manifest.json")
+        with distributed.main_process_first():  # rank 0 writes the manifest, the others check it
+            self.tasks = cfg.build_protocol(seed).build(manifest=directory / "manifest.json")
         self.backbone = build_feature_backbone(cfg)
         self.strategy = cfg.build_strategy()
         self.compensators = {label: cfg.build_compensator(label) for label in cfg.compensators}
@@ -91,15 +96,19 @@ class _SeedRun:
         return draw_anchors(self.tasks, a.n, seed=a.seed, pool=a.pool) if a.n else ()
 
     def features(self, ids) -> torch.Tensor:
-        return self.cache.get_or_compute(self.backbone, ids, self.tasks.load,
+        """Features of ``ids`` in order. Under torch.distributed each rank extracts (and caches,
+        under its own key) its contiguous shard, and every rank gets all the rows."""
+        progress = self.cfg.progress and distributed.is_main_process()
+        mine = self.cache.get_or_compute(self.backbone, distributed.shard(ids), self.tasks.load,
                                          namespace=self.tasks.cache_namespace,
                                          batch_size=self.cfg.backbone.batch_size,
-                                         progress=self.cfg.progress)
+                                         progress=progress)
+        return distributed.all_gather_rows(mine)
 
     # ------------------------------------------------------------------ the loop
     def run(self, state: SeedState | None, on_task_end: Callable | None) -> SeedState:
         if state is None:
-            state = SeedState(0, {track: ClassGaussians(self.backbone.dim, ddof=self.cfg.ddof)
+            state = SeedState(0, {track: self.cfg.statistics.empty(self.backbone.dim, self.cfg.ddof)
                                   for track in self.compensators})
         else:
             self._restore(state)
@@ -110,7 +119,8 @@ class _SeedRun:
                 state.backbone = {k: v.detach().clone()
                                   for k, v in self.backbone.model.state_dict().items()}
                 state.strategy = self.strategy.state_dict()
-            save_checkpoint(self.dir, state, experiment_fingerprint(self.cfg))
+            if distributed.is_main_process():
+                save_checkpoint(self.dir, state, experiment_fingerprint(self.cfg))
             if on_task_end is not None:
                 on_task_end(self.seed, t)
         return state
@@ -136,14 +146,16 @@ class _SeedRun:
             timing["adapt"] = {k: v for k, v in log.items() if k not in ("loss", "task_loss",
                                                                             "kd_loss")}
             timing["adapt"]["final_loss"] = log["loss"][-1] if log.get("loss") else None
-        with clock("features_s"):
-            X = self.features(task.train.ids)
+        with clock("features_s"):  # one extraction for the task's samples and the anchors
+            after = self.features(list(dict.fromkeys([*task.train.ids, *anchor_ids])))
+            X = after[: len(task.train.ids)]
+            new_anchors = after[self._rows_of(anchor_ids, task.train.ids)] if anchor_ids else None
         with clock("stats_s"):
             new = ClassGaussians(self.backbone.dim, ddof=self.cfg.ddof).update(
                 X, torch.tensor(task.train.labels, dtype=torch.int64))
+            if self.cfg.statistics.storage != "dense":  # compress the new classes once, for every track
+                new = self.cfg.statistics.empty(self.backbone.dim, self.cfg.ddof).merge(new)
         if old_anchors is not None:
-            with clock("anchors_after_s"):
-                new_anchors = self.features(anchor_ids)
             self._compensate(t, state, old_anchors, new_anchors, timing)
         for stats in state.tracks.values():
             stats.merge(new)
@@ -154,6 +166,12 @@ class _SeedRun:
         self.log(f"seed {self.seed} task {t + 1}/{len(self.tasks)}: {len(task.classes)} new classes, "
                  f"{sum(len(self.tasks[j].classes) for j in range(t + 1))} seen; accuracy {accs}")
         return timing
+
+    @staticmethod
+    def _rows_of(anchor_ids: list[str], train_ids) -> torch.Tensor:
+        """Rows of ``anchor_ids`` in ``dict.fromkeys([*train_ids, *anchor_ids])``."""
+        position = {i: k for k, i in enumerate(dict.fromkeys([*train_ids, *anchor_ids]))}
+        return torch.tensor([position[i] for i in anchor_ids], dtype=torch.long)
 
     def _anchor_ids(self, t: int) -> list[str]:
         if t == 0 or not self.needs_anchors:
@@ -175,7 +193,8 @@ class _SeedRun:
                 continue
             start = time.perf_counter()
             before = state.tracks[track]
-            comp.fit(old_anchors, new_anchors)
+            rows = self._track_rows(track, old_anchors.shape[0])
+            comp.fit(old_anchors[rows], new_anchors[rows])
             state.tracks[track] = comp.transform(before, labels=old_classes)
             timing["compensate_s"][track] = time.perf_counter() - start
             if oracle is not None:
@@ -185,6 +204,16 @@ class _SeedRun:
                                              labels=old_classes)
         if oracle is not None:
             state.diagnostics.append(report)
+
+    def _track_rows(self, track: str, n_rows: int) -> torch.Tensor | slice:
+        """Rows of the anchor features that ``track`` fits on: its subset of the external pool,
+        then every current-task sample (which follow the pool in :meth:`_anchor_ids`)."""
+        n = self.cfg.track_anchors(track)
+        pool = len(self.anchor_pool)
+        if n is None or n == pool:
+            return slice(None)
+        keep = anchor_subset(pool, n, self.cfg.anchors.seed)
+        return torch.cat([keep, torch.arange(pool, n_rows)])
 
     def _oracle(self, t: int, old_classes: list[int]) -> ClassGaussians:
         """Statistics of the old classes recomputed under the current backbone (needs their data)."""
@@ -213,6 +242,13 @@ class _SeedRun:
                                         "bytes": head.memory_report()["total"]}
 
 
+def anchor_subset(pool_size: int, n: int, seed: int) -> torch.Tensor:
+    """Sorted positions of ``n`` of ``pool_size`` anchors; the subsets for growing ``n`` are
+    nested (prefixes of one seeded permutation), so a sweep over ``n`` adds anchors, never swaps."""
+    order = np.random.default_rng([seed, pool_size]).permutation(pool_size)
+    return torch.from_numpy(np.sort(order[:n]))
+
+
 class _Clock:
     """``with clock("name_s"):`` records the block's wall time in ``timing["name_s"]``."""
 
@@ -234,6 +270,10 @@ def run_experiment(cfg: ExperimentConfig, *, resume: bool = False, overwrite: bo
                    log: Callable = print, on_task_end: Callable | None = None) -> dict:
     """Run every seed of ``cfg``; write results, plots and checkpoints to its output directory.
 
+    Under torch.distributed (``torchrun``, see :mod:`gdacil.distributed`) every rank calls
+    this: feature extraction and Stage-1 training are shared out, everything else is computed
+    identically on every rank, and only rank 0 writes files and calls ``log``.
+
     Parameters
     ----------
     resume : bool
@@ -242,15 +282,18 @@ def run_experiment(cfg: ExperimentConfig, *, resume: bool = False, overwrite: bo
         Discard checkpoints of an earlier run in the output directory (its protocol manifests
         stay, so a run whose split differs is still refused).
     on_task_end : callable, optional
-        Called as ``on_task_end(seed, task_index)`` after each task's checkpoint is written.
+        Called as ``on_task_end(seed, task_index)`` after each task's checkpoint is written
+        (on every rank).
 
     Returns
     -------
     dict
-        The content of ``results.json``.
+        The content of ``results.json`` (on every rank).
     """
     out = output_dir(cfg)
     fingerprint = experiment_fingerprint(cfg)
+    main = distributed.is_main_process()
+    log = log if main else _quiet
     threads = torch.get_num_threads()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -258,18 +301,9 @@ def run_experiment(cfg: ExperimentConfig, *, resume: bool = False, overwrite: bo
         states, n_tasks = {}, 0
         for seed in cfg.seeds:
             seed_dir = out / f"seed_{seed}"
-            state = None
-            if (seed_dir / "state.json").is_file():
-                if resume:
-                    state = load_checkpoint(seed_dir, fingerprint)
-                    log(f"seed {seed}: resuming after task {state.completed}")
-                elif not overwrite:
-                    raise FileExistsError(
-                        f"{seed_dir} holds a checkpoint of an earlier run; pass --resume to "
-                        "continue it, --overwrite to start over, or set another output_dir")
-                else:  # the manifest stays: it still guards the data against silent changes
-                    for f in (*seed_dir.glob("*_task*.safetensors"), seed_dir / "state.json"):
-                        f.unlink(missing_ok=True)
+            state = _initial_state(seed_dir, fingerprint, resume, overwrite)
+            if state is not None:
+                log(f"seed {seed}: resuming after task {state.completed}")
             runner = _SeedRun(cfg, seed, seed_dir, log)
             states[seed] = runner.run(state, on_task_end)
             n_tasks = len(runner.tasks)
@@ -278,8 +312,36 @@ def run_experiment(cfg: ExperimentConfig, *, resume: bool = False, overwrite: bo
     metrics = {seed: {label: _metrics(evals, n_tasks) for label, evals in st.evaluations.items()}
                for seed, st in states.items()}
     diagnostics = {seed: st.diagnostics for seed, st in states.items() if st.diagnostics}
-    return write_results(out, cfg, metrics, {s: st.timings for s, st in states.items()},
-                         diagnostics=diagnostics, log=log)
+    if not main:
+        results = results_record(cfg, metrics, diagnostics=diagnostics)
+    else:
+        results = write_results(out, cfg, metrics, {s: st.timings for s, st in states.items()},
+                                diagnostics=diagnostics, log=log)
+    distributed.barrier()  # every rank returns once the results are on disk
+    return results
+
+
+def _initial_state(seed_dir: Path, fingerprint: str, resume: bool, overwrite: bool
+                   ) -> SeedState | None:
+    """The checkpoint in ``seed_dir`` to resume (``resume``), or ``None`` to start afresh
+    (``overwrite`` discards an earlier run's checkpoint: rank 0 deletes it, the others wait)."""
+    state = None
+    if (seed_dir / "state.json").is_file():
+        if resume:
+            state = load_checkpoint(seed_dir, fingerprint)
+        elif not overwrite:
+            raise FileExistsError(
+                f"{seed_dir} holds a checkpoint of an earlier run; pass --resume to "
+                "continue it, --overwrite to start over, or set another output_dir")
+        elif distributed.is_main_process():  # the manifest stays: it still guards the data
+            for f in (*seed_dir.glob("*_task*.safetensors"), seed_dir / "state.json"):
+                f.unlink(missing_ok=True)
+    distributed.barrier()
+    return state
+
+
+def _quiet(*_args, **_kwargs) -> None:
+    """The ``log`` of ranks other than 0."""
 
 
 def _metrics(evaluations: list[TaskEvaluation], n_tasks: int) -> IncrementalMetrics:

@@ -21,6 +21,7 @@ from ..io import load_tensors, save_tensors
 __all__ = ["FeatureCache", "extract_features"]
 
 
+
 def extract_features(
     backbone,
     ids: Sequence[str],
@@ -28,9 +29,11 @@ def extract_features(
     *,
     batch_size: int = 64,
     progress: bool = False,
+    load_batches: int = 16,
 ) -> torch.Tensor:
-    """Features ``(len(ids), backbone.dim)`` of the samples ``ids``, loading and extracting
-    ``batch_size`` at a time (so memory holds one batch of raw samples).
+    """Features ``(len(ids), backbone.dim)`` of the samples ``ids``, loading ``load_batches``
+    batches of raw samples at a time (the backbone orders each load, e.g. text by length, before
+    cutting it into forward passes of ``batch_size``).
 
     Parameters
     ----------
@@ -41,8 +44,11 @@ def extract_features(
     batch_size : int
     progress : bool
         Show a tqdm progress bar.
+    load_batches : int
+        Batches of raw samples loaded (and ordered by the backbone) at a time.
     """
-    starts = range(0, len(ids), batch_size)
+    step = batch_size * load_batches
+    starts = range(0, len(ids), step)
     if progress:
         from tqdm.auto import tqdm
 
@@ -52,7 +58,7 @@ def extract_features(
             unit="batch",
             desc=f"features ({getattr(backbone, 'name', 'backbone')})",
         )
-    parts = [backbone.extract(load(ids[s : s + batch_size])) for s in starts]
+    parts = [backbone.extract(load(ids[s : s + step]), batch_size=batch_size) for s in starts]
     return torch.cat(parts) if parts else torch.empty(0, backbone.dim)
 
 
@@ -117,6 +123,7 @@ class FeatureCache:
         namespace: str = "",
         batch_size: int = 64,
         progress: bool = False,
+        load_batches: int = 16,
     ) -> torch.Tensor:
         """Cached features of ``ids`` under ``backbone``, computing and storing them if absent.
 
@@ -129,7 +136,7 @@ class FeatureCache:
             ``load(ids) -> raw samples``.
         namespace : str
             Extra key text, e.g. a dataset identity hash when ids alone are ambiguous.
-        batch_size, progress
+        batch_size, progress, load_batches
             See :func:`extract_features`.
         """
         ids = list(ids)
@@ -139,7 +146,8 @@ class FeatureCache:
         if cached is not None:
             self.hits += 1
             return cached
-        features = extract_features(backbone, ids, load, batch_size=batch_size, progress=progress)
+        features = extract_features(backbone, ids, load, batch_size=batch_size, progress=progress,
+                                    load_batches=load_batches)
         self.put(key, features, inputs)
         self.misses += 1
         return features

@@ -23,7 +23,7 @@ import torch
 
 from .._random import make_generator
 from .._validation import as_features, check_nonnegative
-from ..stats import ClassGaussians
+from ..stats import ClassGaussians, ClassStatistics
 
 __all__ = [
     "Compensator",
@@ -144,8 +144,9 @@ class Compensator(abc.ABC):
                                  "fit(old_features, new_features) before transform")
 
     def _target_labels(self, stats, labels) -> list[int]:
-        if not isinstance(stats, ClassGaussians):
-            raise TypeError(f"stats must be a ClassGaussians; got {type(stats).__name__}")
+        if not isinstance(stats, ClassStatistics):
+            raise TypeError(f"stats must be ClassGaussians or LowRankGaussians; "
+                            f"got {type(stats).__name__}")
         if stats.dim != self.dim_:
             raise ValueError(f"the statistics have dimension {stats.dim} but the compensator was "
                              f"fitted on {self.dim_}-dimensional anchors")

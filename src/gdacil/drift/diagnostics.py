@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..linalg import symmetrize
-from ..stats import ClassGaussians
+from ..stats import ClassGaussians, ClassStatistics
 
 __all__ = ["class_errors", "drift_report", "gaussian_w2"]
 
@@ -82,8 +82,9 @@ def class_errors(estimate: ClassGaussians, reference: ClassGaussians,
 
 def _labels(estimate, reference, labels) -> list[int]:
     for name, stats in (("estimate", estimate), ("reference", reference)):
-        if not isinstance(stats, ClassGaussians):
-            raise TypeError(f"{name} must be a ClassGaussians; got {type(stats).__name__}")
+        if not isinstance(stats, ClassStatistics):
+            raise TypeError(f"{name} must be ClassGaussians or LowRankGaussians; "
+                            f"got {type(stats).__name__}")
     if estimate.dim != reference.dim:
         raise ValueError(f"dimensions differ: {estimate.dim} and {reference.dim}")
     labels = estimate.classes if labels is None else [int(c) for c in labels]

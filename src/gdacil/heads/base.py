@@ -20,11 +20,15 @@ import numpy as np
 import torch
 
 from .._validation import as_features, check_positive_int
-from ..stats import ClassGaussians
+from ..stats import ClassGaussians, ClassStatistics
 
 __all__ = ["GaussianHead", "NotFittedError"]
 
-_SCORE_BUFFER_BYTES = 64 * 2**20
+# Scoring blocks small enough that the (samples, classes, rows) buffer stays in the last-level
+# cache: the squared-norm pass then reads it from cache, and the GEMM runs near peak (see
+# benchmarks/heads.md). Building works on covariances and may use larger blocks.
+_SCORE_BUFFER_BYTES = 8 * 2**20
+_BUILD_BUFFER_BYTES = 64 * 2**20
 
 
 class NotFittedError(RuntimeError):
@@ -45,9 +49,10 @@ class GaussianHead(ABC):
     device : torch.device or str, optional
         Where the head is built and scores are computed (default CPU).
     dtype : torch.dtype, default torch.float64
-        Dtype of the inference tensors. Building always runs in float64.
+        Dtype of the inference tensors. Building runs in float64 (LR-RGDA: see its notes).
     class_batch_size : int or "auto", default "auto"
-        Classes per block, in building and in scoring; "auto" keeps the score buffer near 64 MiB.
+        Classes per block, in building and in scoring; "auto" keeps the score buffer near 8 MiB
+        (cache-sized) and the build buffers near 64 MiB.
     """
 
     def __init__(self, *, priors=None, device=None, dtype=torch.float64, class_batch_size="auto"):
@@ -59,8 +64,9 @@ class GaussianHead(ABC):
     # ------------------------------------------------------------------ fitting
     def fit(self, stats: ClassGaussians) -> "GaussianHead":
         """Build the head from class statistics. Returns ``self``."""
-        if not isinstance(stats, ClassGaussians):
-            raise TypeError(f"fit expects ClassGaussians, got {type(stats).__name__}")
+        if not isinstance(stats, ClassStatistics):
+            raise TypeError(f"fit expects ClassGaussians or LowRankGaussians (ClassStatistics), "
+                            f"got {type(stats).__name__}")
         if stats.n_classes == 0:
             raise ValueError(f"{type(self).__name__}.fit: the statistics hold no classes")
         self._check_params()
@@ -84,11 +90,16 @@ class GaussianHead(ABC):
     def _build(self, stats: ClassGaussians, log_priors: torch.Tensor):
         """Return ``(rows, bias, sign)`` for the statistics (see the class docstring)."""
 
-    def _block_size(self, n_rows_per_class: int, n_samples: int = 1024) -> int:
+    def _block_size(self, n_rows_per_class: int, n_samples: int | None = None) -> int:
+        """Classes per block: scoring ``n_samples`` samples, or building when ``n_samples`` is None."""
         if self.class_batch_size != "auto":
             return int(self.class_batch_size)
+        if n_samples is None:
+            return max(1, _BUILD_BUFFER_BYTES // (1024 * n_rows_per_class * 8))
         itemsize = torch.finfo(self.dtype).bits // 8
-        return max(1, _SCORE_BUFFER_BYTES // (n_samples * n_rows_per_class * max(itemsize, 4)))
+        block = max(1, _SCORE_BUFFER_BYTES // (n_samples * n_rows_per_class * max(itemsize, 4)))
+        # GEMM kernels slow down by a third on odd column counts (31 x 65 rows against 32 x 65)
+        return block - block % 8 if block >= 8 else block
 
     def _log_priors(self, stats: ClassGaussians) -> torch.Tensor:
         C = stats.n_classes

@@ -1,0 +1,304 @@
+"""``gdacil bench scale``: LR-RGDA with 1,000 to 20,000 classes on one machine.
+
+For every class count ``C`` (d = 768, head rank r = 64, statistics of rank q = 64), in its own
+process so peak memory is per cell:
+
+- **build from scratch**: the classes' dense covariances arrive in blocks of ``block`` classes
+  and are compressed into :class:`~gdacil.LowRankGaussians` (seeded randomized top-q
+  eigenpairs; the dense blocks are discarded), then the LR-RGDA head is built from the stored
+  eigenpairs. ``compress_s + fit_s`` is what a model of ``C`` classes costs to build.
+- **incremental**: ``added`` new classes are compressed and the head refitted; only the terms
+  that depend on ``B`` (which moves with ``Sigma_avg``) are recomputed for the old classes.
+- **memory**: statistics and head as reported by ``memory_report()``, the process's peak RSS,
+  and what peers' dense storage would need (one float32 ``d x d`` covariance per class; FeCAM's
+  scripts keep three float64 copies).
+- **inference**: the argmax and the top-5 of ``queries`` samples, dense (every class's
+  ``r + 1`` rows) against exact pruned scoring (:meth:`~gdacil.heads.LRRGDA.top_k`), in
+  float32; the pruned labels are checked against the dense ones, and the fraction of
+  (sample, class) pairs scored in full is reported.
+
+Classes are synthetic: a random mean, a random 96-dimensional principal subspace with a
+power-law spectrum, and isotropic noise, so the top-64 compression is lossy as on real
+features; queries are drawn from the classes' own distributions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..io import atomic_write_text
+from .common import best_time, machine_info, markdown_table, write_json
+
+__all__ = ["ScaleBenchConfig", "QUICK", "SyntheticClasses", "measure", "run", "main"]
+
+
+@dataclass
+class ScaleBenchConfig:
+    classes: tuple[int, ...] = (1000, 2000, 5000, 10000, 20000)
+    dim: int = 768
+    rank: int = 64               # head rank r; the statistics keep the same q
+    true_rank: int = 96          # principal subspace of each synthetic class
+    spectrum_decay: float = 1.0  # eigenvalue i of a class is top_variance * i^-decay
+    top_variance: float = 1.0
+    noise_variance: float = 0.1
+    mean_scale: float = 0.07     # class means ~ N(0, mean_scale^2 I)
+    block: int = 100             # classes compressed at a time (dense block memory)
+    added: int = 100
+    queries: int = 2048
+    topk: int = 5
+    screen_rank: int = 8
+    stats_dtype: str = "float32"
+    seed: int = 0
+
+
+QUICK = ScaleBenchConfig(classes=(60, 120), dim=48, rank=8, true_rank=12, block=25, added=10,
+                         queries=256, screen_rank=2, mean_scale=0.3)
+
+
+class SyntheticClasses:
+    """Class ``c``'s mean, principal subspace and spectrum, drawn from a generator seeded with
+    ``(seed, c)`` so any block of classes can be generated alone."""
+
+    def __init__(self, cfg: ScaleBenchConfig):
+        self.cfg = cfg
+        i = torch.arange(1, cfg.true_rank + 1, dtype=torch.float64)
+        self.spectrum = cfg.top_variance * i.pow(-cfg.spectrum_decay)
+
+    def _generator(self, c: int) -> torch.Generator:
+        return torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + c)
+
+    def model(self, labels: list[int]):
+        """Means ``(k, d)`` and orthonormal bases ``(k, d, true_rank)``."""
+        cfg = self.cfg
+        means, bases = [], []
+        for c in labels:
+            g = self._generator(c)
+            means.append(cfg.mean_scale * torch.randn(cfg.dim, generator=g, dtype=torch.float64))
+            bases.append(torch.randn(cfg.dim, cfg.true_rank, generator=g, dtype=torch.float64))
+        return torch.stack(means), torch.linalg.qr(torch.stack(bases)).Q
+
+    def moments(self, labels: list[int]):
+        """``(means, covariances)`` of a block of classes (dense, float64)."""
+        means, Q = self.model(labels)
+        covs = (Q * self.spectrum) @ Q.transpose(1, 2)
+        covs.diagonal(dim1=1, dim2=2).add_(self.cfg.noise_variance)
+        return means, covs
+
+    def sample(self, labels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """One sample of each class in ``labels``."""
+        uniq, inverse = labels.unique(return_inverse=True)
+        means, Q = self.model(uniq.tolist())
+        n, cfg = len(labels), self.cfg
+        z = torch.randn(n, cfg.true_rank, generator=generator, dtype=torch.float64)
+        noise = torch.randn(n, cfg.dim, generator=generator, dtype=torch.float64)
+        principal = (Q[inverse] @ (z * self.spectrum.sqrt())[:, :, None])[:, :, 0]
+        return means[inverse] + principal + cfg.noise_variance ** 0.5 * noise
+
+
+def _compress(stats, classes: SyntheticClasses, labels: list[int], block: int) -> None:
+    for start in range(0, len(labels), block):
+        part = labels[start:start + block]
+        means, covs = classes.moments(part)
+        stats.add_classes(part, means, covs, torch.full((len(part),), 1000.0))
+
+
+def _peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def measure(C: int, cfg: ScaleBenchConfig) -> dict:
+    """Every figure of one class count (run it in a fresh process for a meaningful peak RSS)."""
+    from ..heads import LRRGDA
+    from ..lowrank_stats import LowRankGaussians
+
+    classes = SyntheticClasses(cfg)
+    stats = LowRankGaussians(cfg.dim, cfg.rank, dtype=cfg.stats_dtype, decomposition="randomized",
+                             random_state=cfg.seed)
+    start = time.perf_counter()
+    _compress(stats, classes, list(range(C)), cfg.block)
+    compress_s = time.perf_counter() - start
+    head = LRRGDA(rank=cfg.rank, dtype=torch.float32)
+    start = time.perf_counter()
+    head.fit(stats)
+    fit_s = time.perf_counter() - start
+    row = {"classes": C, "compress_s": compress_s, "fit_s": fit_s,
+           "build_s": compress_s + fit_s,
+           "stats_bytes": stats.memory_report()["total"],
+           "head_bytes": head.memory_report()["total"]}
+
+    g = torch.Generator().manual_seed(cfg.seed + 1)
+    truth = torch.randint(0, C, (cfg.queries,), generator=g)
+    X = classes.sample(truth, g).float()
+    dense_s = best_time(lambda: head.top_k(X, cfg.topk, pruned=False), repeats=1)
+    dense_scores, dense_labels = head.top_k(X, cfg.topk, pruned=False)
+    row["dense_throughput"] = cfg.queries / dense_s
+    row["top1_accuracy"] = float((dense_labels[:, 0] == truth).double().mean())
+    for k in (1, cfg.topk):  # the argmax, and the top-k list
+        pruned_s = best_time(lambda: head.top_k(X, k, screen_rank=cfg.screen_rank), repeats=1)
+        scores, labels = head.top_k(X, k, screen_rank=cfg.screen_rank)
+        row[f"top{k}"] = {
+            "pruned_throughput": cfg.queries / pruned_s, "speedup": dense_s / pruned_s,
+            "pairs_scored_fraction": head.last_pruning_["pairs_scored_fraction"],
+            "classes_scored_fraction": head.last_pruning_["classes_scored_fraction"],
+            "equal_to_dense": bool(torch.equal(labels, dense_labels[:, :k])),
+            "max_score_difference": float((scores - dense_scores[:, :k]).abs().max())}
+
+    new = list(range(C, C + cfg.added))
+    start = time.perf_counter()
+    _compress(stats, classes, new, cfg.block)
+    add_compress_s = time.perf_counter() - start
+    start = time.perf_counter()
+    head.fit(stats)
+    refit_s = time.perf_counter() - start
+    row.update({"add_compress_s": add_compress_s, "refit_s": refit_s,
+                "incremental_s": add_compress_s + refit_s,
+                "incremental_ratio": (add_compress_s + refit_s) / row["build_s"],
+                "decomposed_on_refit": head.n_decomposed_,
+                "peak_rss_bytes": _peak_rss()})
+    d = cfg.dim
+    row["peer_dense_fp32_bytes"] = C * d * d * 4
+    row["fecam_bytes"] = 3 * C * d * d * 8
+    return row
+
+
+# ----------------------------------------------------------------------------- driver
+def _cell(C: int, cfg: ScaleBenchConfig, inline: bool) -> dict:
+    if inline:
+        return measure(C, cfg)
+    cmd = [sys.executable, "-m", "gdacil.bench.scale", "--cell", str(C),
+           "--config", json.dumps(asdict(cfg))]
+    env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if out.returncode:
+        return {"classes": C, "error": out.stderr.strip().splitlines()[-1:]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run(cfg: ScaleBenchConfig, *, inline: bool = False, log=print) -> dict:
+    rows = []
+    for C in cfg.classes:
+        rows.append(_cell(C, cfg, inline))
+        log(rows[-1])
+    return {"config": asdict(cfg), "machine": machine_info(), "results": rows,
+            "load_average": os.getloadavg()}
+
+
+def render(payload: dict, command: str) -> str:
+    cfg, m = payload["config"], payload["machine"]
+    gb = 1e9
+    ok = [r for r in payload["results"] if "error" not in r]
+    lines = [
+        "# Scale benchmark: LR-RGDA with many classes", "",
+        f"d = {cfg['dim']}, head rank r = {cfg['rank']}, statistics rank q = {cfg['rank']} "
+        f"({cfg['stats_dtype']} eigenvectors), float32 head; {cfg['queries']} queries, top-"
+        f"{cfg['topk']}, screening rank {cfg['screen_rank']}. Machine: {m['processor']}, "
+        f"{m['cpu_count']} CPUs, torch {m['torch']} with {m['torch_threads']} threads; load "
+        f"average at the end {payload['load_average'][0]:.1f}.", "",
+        f"Regenerate: `{command}`.", "",
+        "## Memory (GB)", "",
+        markdown_table(
+            ["C", "statistics", "LR-RGDA head", "process peak RSS", "peers: dense fp32 cov.",
+             "FeCAM: 3 float64 copies"],
+            [[r["classes"], f"{r['stats_bytes'] / gb:.2f}", f"{r['head_bytes'] / gb:.2f}",
+              f"{r['peak_rss_bytes'] / gb:.2f}", f"{r['peer_dense_fp32_bytes'] / gb:.1f}",
+              f"{r['fecam_bytes'] / gb:.1f}"] for r in ok]),
+        "## Build and incremental build (s)", "",
+        markdown_table(
+            ["C", "compress", "head fit", "build from scratch", f"add {cfg['added']}: compress",
+             "refit", "incremental / scratch", "decomposed on refit"],
+            [[r["classes"], f"{r['compress_s']:.1f}", f"{r['fit_s']:.1f}", f"{r['build_s']:.1f}",
+              f"{r['add_compress_s']:.2f}", f"{r['refit_s']:.1f}",
+              f"{100 * r['incremental_ratio']:.1f}%", r["decomposed_on_refit"]] for r in ok]),
+        "## Inference (samples/s)", "",
+        "Dense scoring computes every class's `r + 1` rows (the same cost for the argmax and "
+        "the top-k list); pruned scoring is exact and is checked against it.", "",
+        markdown_table(
+            ["C", "k", "dense", "pruned", "speedup", "pairs scored in full", "classes scored",
+             "equal to dense", "max |score diff|", "top-1 accuracy"],
+            [[r["classes"], k, f"{r['dense_throughput']:,.0f}",
+              f"{r[f'top{k}']['pruned_throughput']:,.0f}", f"{r[f'top{k}']['speedup']:.1f}x",
+              f"{100 * r[f'top{k}']['pairs_scored_fraction']:.2f}%",
+              f"{100 * r[f'top{k}']['classes_scored_fraction']:.1f}%",
+              r[f"top{k}"]["equal_to_dense"], f"{r[f'top{k}']['max_score_difference']:.2g}",
+              f"{100 * r['top1_accuracy']:.1f}%"]
+             for r in ok for k in (1, cfg["topk"])]),
+    ]
+    errors = [r for r in payload["results"] if "error" in r]
+    if errors:
+        lines += ["## Failed cells", ""] + [f"- C = {r['classes']}: {r['error']}" for r in errors]
+    return "\n".join(lines) + "\n"
+
+
+def plot(payload: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in payload["results"] if "error" not in r]
+    C = [r["classes"] for r in ok]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for key, label in (("stats_bytes", "gdacil statistics"), ("head_bytes", "gdacil LR-RGDA head"),
+                       ("peak_rss_bytes", "gdacil process peak"),
+                       ("peer_dense_fp32_bytes", "dense fp32 covariances"),
+                       ("fecam_bytes", "FeCAM (3 float64 copies)")):
+        a.plot(C, [r[key] / 1e9 for r in ok], marker="o", label=label)
+    a.axhline(8, color="gray", ls=":", label="8 GB")
+    a.set(xscale="log", yscale="log", xlabel="classes C", ylabel="GB", title="Memory")
+    a.legend(fontsize=7)
+    b.plot(C, [r["dense_throughput"] for r in ok], marker="o", label="dense")
+    k = payload["config"]["topk"]
+    for key, label in (("top1", "exact pruned argmax"), (f"top{k}", f"exact pruned top-{k}")):
+        b.plot(C, [r[key]["pruned_throughput"] for r in ok], marker="o", label=label)
+    b.set(xscale="log", yscale="log", xlabel="classes C", ylabel="samples/s",
+          title="LR-RGDA inference throughput (float32)")
+    b.legend(fontsize=8)
+    for ax in (a, b):
+        ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="gdacil bench scale", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--classes", type=int, nargs="+", help="class counts (default 1000 ... 20000)")
+    p.add_argument("--quick", action="store_true", help="tiny grid (seconds), for smoke tests")
+    p.add_argument("--inline", action="store_true", help="measure in this process")
+    p.add_argument("--out", default="benchmarks", help="directory for scale.{json,md,png}")
+    p.add_argument("--cell", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--config", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.cell is not None:  # worker: one class count, JSON on the last line of stdout
+        cfg = ScaleBenchConfig(**{k: tuple(v) if isinstance(v, list) else v
+                                  for k, v in json.loads(args.config).items()})
+        print(json.dumps(measure(args.cell, cfg)))
+        return 0
+    cfg = QUICK if args.quick else ScaleBenchConfig()
+    if args.classes:
+        cfg = ScaleBenchConfig(**{**asdict(cfg), "classes": tuple(args.classes)})
+    payload = run(cfg, inline=args.inline)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    command = "python -m gdacil bench scale " + " ".join(argv if argv is not None else sys.argv[1:])
+    payload["command"] = command.strip()
+    write_json(out / "scale.json", payload)
+    atomic_write_text(out / "scale.md", render(payload, payload["command"]))
+    plot(payload, out / "scale.png")
+    print(render(payload, payload["command"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

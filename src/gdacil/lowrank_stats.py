@@ -1,0 +1,377 @@
+"""Low-rank class statistics: per-class top-q eigenpairs instead of a dense d x d covariance.
+
+A dense float64 covariance costs ``8 d^2`` bytes per class (4.7 MB at d = 768), 47 GB for ten
+thousand classes. :class:`LowRankGaussians` keeps, per class, the count and mean (float64), the
+top-``q`` eigenpairs ``(U_c, s_c)`` of the covariance (eigenvectors in a storage dtype, float32 or
+float64; eigenvalues float64, descending) and the variance the eigenpairs miss, spread evenly over
+the remaining ``d - q`` directions::
+
+    Sigma_c ~= U_c diag(s_c) U_c^T + sigma_c^2 (I - U_c U_c^T),
+    sigma_c^2 = (tr Sigma_c - sum(s_c)) / (d - q)                  (0 when q = d)
+
+so the model keeps the trace of every covariance, and ``q = d`` is the covariance itself. That is
+``(d q + q + d + 2)`` numbers per class: 197 kB at d = 768, q = 64 in float32.
+
+The unweighted average covariance ``Sigma_avg`` (the LDA covariance, and the base of RGDA and
+LR-RGDA) is kept exact by a float64 ``d x d`` running sum of the *full* class covariances, added
+when a class is compressed. Which operations keep ``Sigma_avg`` exact:
+
+- exact: building from dense statistics (:meth:`LowRankGaussians.from_dense`), adding new classes
+  from dense moments (:meth:`~LowRankGaussians.add_classes`), merging new classes from
+  :class:`~gdacil.ClassGaussians` or from other :class:`LowRankGaussians` (their sums add), in any
+  order; changing means only (``set_moments`` without covariances).
+- not exact: removing classes (:meth:`~LowRankGaussians.remove_classes`,
+  :meth:`~LowRankGaussians.subset`) subtracts the stored *model* of each removed class, and
+  replacing covariances (:meth:`~LowRankGaussians.set_moments`, what drift compensators do)
+  subtracts the model of the old covariance and adds the new dense one. The full old covariance
+  is no longer known, so the sum then carries the old class's compression error
+  ``Sigma_c - model_c``: a matrix with zero trace (the trace stays exact), supported outside the
+  top-``q`` subspace, and zero when ``q = d``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar, NamedTuple
+
+import torch
+
+from ._validation import check_nonnegative, check_positive_int
+from .linalg import class_top_eigh, symmetrize
+from .stats import ClassGaussians, ClassStatistics
+
+__all__ = ["LowRankFactors", "LowRankGaussians"]
+
+_STORAGE_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _storage_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, str):
+        dtype = _STORAGE_DTYPES.get(dtype, dtype)
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"dtype (of the stored eigenvectors) must be float32 or float64; "
+                         f"got {dtype!r}")
+    return dtype
+
+
+class LowRankFactors(NamedTuple):
+    """Sampling factors of low-rank statistics: ``F_c = scales_c I + basis_c diag(gains_c) basis_c^T``.
+
+    ``F_c`` is the symmetric square root of ``Sigma_c + jitter I`` under the low-rank model:
+    ``gains = sqrt(s + jitter) - sqrt(sigma^2 + jitter)`` and ``scales = sqrt(sigma^2 + jitter)``.
+    """
+
+    basis: torch.Tensor  # (k, d, q) orthonormal eigenvectors, in the storage dtype
+    gains: torch.Tensor  # (k, q)
+    scales: torch.Tensor  # (k,)
+
+
+class LowRankGaussians(ClassStatistics):
+    """Per-class count, mean, top-``q`` covariance eigenpairs and isotropic residual variance.
+
+    Drop-in statistics for every head and compensator (see :class:`~gdacil.stats.ClassStatistics`
+    for the shared interface). Classes enter compressed from dense moments; LR-RGDA with
+    ``rank <= q`` uses the stored eigenpairs directly, and the other heads see the dense
+    reconstruction ``U diag(s) U^T + sigma^2 (I - U U^T)`` block by block. See the module
+    docstring for which operations keep the average covariance exact.
+
+    Parameters
+    ----------
+    dim : int
+        Feature dimension ``d``.
+    rank : int
+        ``q``, eigenpairs kept per class (``1 <= q <= d``).
+    ddof : {0, 1}, default 0
+        Normalisation of the covariances the statistics hold (only checked when merging dense
+        statistics, which must use the same).
+    dtype : {torch.float64, torch.float32, "float64", "float32"}, default torch.float64
+        Storage dtype of the eigenvectors (the dominant cost, ``C d q`` numbers). Counts, means,
+        eigenvalues, residual variances and the covariance sum are always float64.
+    decomposition : {"eigh", "randomized"}, default "eigh"
+        How covariances are compressed: exact symmetric eigendecomposition, or seeded randomized
+        subspace iteration with ``oversample`` extra columns and ``n_iter`` power iterations, each
+        class's test matrix drawn from ``(random_state, label)`` so results do not depend on
+        batching or class order (:func:`gdacil.linalg.class_top_eigh`).
+    oversample : int, default 16
+    n_iter : int, default 4
+    random_state : int, default 0
+    device : torch.device or str, optional
+        Where the statistics live (default CPU).
+
+    Notes
+    -----
+    Memory per class is ``8 (2 + 2 d + q) + itemsize * d q`` bytes, plus one ``d x d`` float64
+    sum for all classes: :meth:`memory_report` lists every tensor. Low-rank statistics cannot
+    absorb more samples of a class they already hold (a low-rank merge is not exact): accumulate
+    dense :class:`~gdacil.ClassGaussians` for the classes being learnt, then compress and
+    :meth:`merge` them as new classes.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from gdacil import ClassGaussians, LowRankGaussians
+    >>> g = torch.Generator().manual_seed(0)
+    >>> X, y = torch.randn(400, 16, generator=g), torch.arange(400) % 4
+    >>> dense = ClassGaussians(16).update(X, y)
+    >>> low = LowRankGaussians.from_dense(dense, rank=4)
+    >>> low.eigenvectors.shape, low.eigenvalues.shape
+    (torch.Size([4, 16, 4]), torch.Size([4, 4]))
+    >>> torch.allclose(low.average_covariance(), dense.average_covariance())   # exact
+    True
+    >>> bool(torch.allclose(low.covariances().diagonal(dim1=1, dim2=2).sum(1),
+    ...                     dense.covariances().diagonal(dim1=1, dim2=2).sum(1)))  # traces kept
+    True
+    """
+
+    _FORMAT: ClassVar[str] = "gdacil.LowRankGaussians/1"
+    _per_class: ClassVar[tuple[str, ...]] = (
+        "_counts", "_means", "_eigenvectors", "_eigenvalues", "_residual_variances")
+    _shared: ClassVar[tuple[str, ...]] = ("_covariance_sum",)
+    # every growth step copies the dominant eigenvector tensor: grow by a quarter, not double
+    _growth: ClassVar[float] = 1.25
+
+    def __init__(self, dim: int, rank: int, *, ddof: int = 0, dtype=torch.float64,
+                 decomposition: str = "eigh", oversample: int = 16, n_iter: int = 4,
+                 random_state: int = 0, device: torch.device | str | None = None):
+        super().__init__(dim, ddof=ddof, device=device)
+        self.rank = check_positive_int(rank, "rank")
+        if self.rank > self.dim:
+            raise ValueError(f"rank {rank} exceeds the feature dimension {self.dim}: a covariance "
+                             f"has at most {self.dim} eigenpairs")
+        self.dtype = _storage_dtype(dtype)
+        if decomposition not in ("eigh", "randomized"):
+            raise ValueError(f"decomposition must be 'eigh' or 'randomized'; got {decomposition!r}")
+        self.decomposition = decomposition
+        self.oversample = check_positive_int(oversample, "oversample", minimum=0)
+        self.n_iter = check_positive_int(n_iter, "n_iter", minimum=0)
+        if isinstance(random_state, bool) or not isinstance(random_state, int):
+            raise ValueError(f"random_state must be an int seed; got {random_state!r}")  # noqa: TRY004
+        self.random_state = random_state
+        f64 = {"dtype": torch.float64, "device": self.device}
+        self._eigenvectors = torch.zeros(0, dim, self.rank, dtype=self.dtype, device=self.device)
+        self._eigenvalues = torch.zeros(0, self.rank, **f64)
+        self._residual_variances = torch.zeros(0, **f64)
+        self._covariance_sum = torch.zeros(dim, dim, **f64)
+
+    def __repr__(self) -> str:
+        return (f"LowRankGaussians(dim={self.dim}, rank={self.rank}, n_classes={self.n_classes}, "
+                f"ddof={self.ddof}, dtype={self._config()['dtype']})")
+
+    def _config(self) -> dict[str, Any]:
+        return {"dim": self.dim, "rank": self.rank, "ddof": self.ddof,
+                "dtype": str(self.dtype).removeprefix("torch."),
+                "decomposition": self.decomposition, "oversample": self.oversample,
+                "n_iter": self.n_iter, "random_state": self.random_state}
+
+    # ------------------------------------------------------------------ views
+    @property
+    def eigenvectors(self) -> torch.Tensor:
+        """``U``, shape ``(C, d, q)``, in the storage dtype; columns orthonormal."""
+        return self._eigenvectors[: self.n_classes]
+
+    @property
+    def eigenvalues(self) -> torch.Tensor:
+        """``s``, shape ``(C, q)``, float64, descending."""
+        return self._eigenvalues[: self.n_classes]
+
+    @property
+    def residual_variances(self) -> torch.Tensor:
+        """``sigma^2``, shape ``(C,)``, float64: the variance per direction outside ``U``."""
+        return self._residual_variances[: self.n_classes]
+
+    def eigenpairs(self, labels: Sequence[int] | None = None, rank: int | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The top-``rank`` eigenpairs ``(U[:, :, :rank], s[:, :rank])`` of ``labels``.
+
+        With ``labels=None`` (all classes, storage order) these are views of the storage, not
+        copies. ``rank`` defaults to ``q``; asking for more than ``q`` is a ``ValueError``.
+        """
+        rank = self.rank if rank is None else check_positive_int(rank, "rank")
+        if rank > self.rank:
+            raise ValueError(f"rank {rank} exceeds the {self.rank} eigenpairs these statistics "
+                             f"keep per class; compress with rank >= {rank}")
+        if labels is None:
+            return self.eigenvectors[:, :, :rank], self.eigenvalues[:, :rank]
+        pos = self.positions(labels).to(self.device)
+        return (self._eigenvectors.index_select(0, pos)[:, :, :rank],
+                self._eigenvalues.index_select(0, pos)[:, :rank])
+
+    def covariances(self, labels: Sequence[int] | None = None) -> torch.Tensor:
+        """Dense reconstructions ``U diag(s) U^T + sigma^2 (I - U U^T)``, float64, ``(k, d, d)``.
+
+        Callers materialise class blocks (e.g. :meth:`iter_batches`), never all classes at once.
+        """
+        if labels is None:
+            pos = torch.arange(self.n_classes, device=self.device)
+        else:
+            pos = self.positions(labels).to(self.device)
+        return self._model_covariances(pos)
+
+    def _model_covariances(self, pos: torch.Tensor) -> torch.Tensor:
+        U = self._eigenvectors.index_select(0, pos).to(torch.float64)
+        s = self._eigenvalues.index_select(0, pos)
+        res = self._residual_variances.index_select(0, pos)
+        cov = (U * (s - res[:, None])[:, None, :]) @ U.transpose(1, 2)
+        cov.diagonal(dim1=-2, dim2=-1).add_(res[:, None])
+        return symmetrize(cov)
+
+    def average_covariance(self, batch_size: int = 64) -> torch.Tensor:
+        """``Sigma_avg = (1/C) sum_c Sigma_c`` from the running float64 sum of full covariances.
+
+        Exact (as exact as the dense statistics') after compressing and merging new classes;
+        see the module docstring for the operations after which it is not. ``batch_size`` is
+        accepted for interface compatibility and unused: nothing is materialised.
+        """
+        if self.n_classes == 0:
+            raise ValueError("average_covariance: no classes")
+        return symmetrize(self._covariance_sum / self.n_classes)
+
+    # ------------------------------------------------------- building and editing
+    @classmethod
+    def from_dense(cls, stats: ClassGaussians, rank: int, *, decomposition: str = "eigh",
+                   oversample: int = 16, n_iter: int = 4, random_state: int = 0,
+                   dtype=torch.float64, batch_size: int = 32) -> LowRankGaussians:
+        """Compress dense statistics, ``batch_size`` classes at a time.
+
+        Counts, means, ``ddof`` and device are kept; the average covariance is exact. Peak
+        memory beyond the input and output is one block of ``batch_size`` covariances and their
+        decomposition. See the class for the parameters.
+        """
+        if not isinstance(stats, ClassGaussians):
+            raise TypeError(f"from_dense expects ClassGaussians; got {type(stats).__name__}")
+        out = cls(stats.dim, rank, ddof=stats.ddof, dtype=dtype, decomposition=decomposition,
+                  oversample=oversample, n_iter=n_iter, random_state=random_state,
+                  device=stats.device)
+        return out.reserve(stats.n_classes).merge(stats, batch_size=batch_size)
+
+    def merge(self, other: ClassStatistics, *, batch_size: int = 32) -> LowRankGaussians:
+        """Add ``other``'s classes, which must all be new. Returns ``self``.
+
+        ``other`` is a :class:`~gdacil.ClassGaussians` (compressed ``batch_size`` classes at a
+        time) or a :class:`LowRankGaussians` of rank at least ``q`` (a higher rank is truncated,
+        the dropped eigenvalues joining the residual variance). Both keep the average
+        covariance exact. A class that is already present is a ``ValueError``: merging more
+        samples into a compressed class cannot be done exactly; merge the dense statistics
+        first, then compress.
+        """
+        if not isinstance(other, (ClassGaussians, LowRankGaussians)):
+            raise TypeError(f"can only merge ClassGaussians or LowRankGaussians, got "
+                            f"{type(other).__name__}")
+        if other.dim != self.dim:
+            raise ValueError(f"cannot merge statistics of dimension {other.dim} into {self.dim}")
+        if other.ddof != self.ddof:
+            raise ValueError(f"cannot merge statistics with ddof={other.ddof} into ddof={self.ddof}")
+        present = [c for c in other.classes if c in self]
+        if present:
+            raise ValueError(
+                f"classes {present[:20]} are already present: low-rank statistics cannot merge "
+                "new samples into an existing class exactly; merge the dense ClassGaussians of "
+                "those classes before compressing, or remove the classes first")
+        if not other.n_classes:
+            return self
+        self._make_room(other.n_classes)  # one growth step for all of other's classes
+        if isinstance(other, ClassGaussians):
+            for block, counts, means, covs in other.iter_batches(batch_size):
+                self._add_moments(block, counts.to(self.device), means.to(self.device),
+                                  covs.to(self.device))
+            return self
+        if other.rank < self.rank:
+            raise ValueError(f"cannot merge rank-{other.rank} statistics into rank-{self.rank} "
+                             "ones: the missing eigenpairs are not known")
+        U, s = other.eigenpairs(rank=self.rank)
+        res = other.residual_variances
+        if other.rank > self.rank:  # fold the dropped eigenvalues into the isotropic residual
+            dropped = other.eigenvalues[:, self.rank :].sum(1)
+            res = (res * (self.dim - other.rank) + dropped) / (self.dim - self.rank)
+        self._append_rows(other.classes, {
+            "_counts": other.counts.to(self.device), "_means": other.means.to(self.device),
+            "_eigenvectors": U.to(device=self.device, dtype=self.dtype),
+            "_eigenvalues": s.to(self.device), "_residual_variances": res.to(self.device)})
+        self._covariance_sum += other._covariance_sum.to(self.device)
+        return self
+
+    def _compress(self, covs: torch.Tensor, labels: list[int]):
+        """``(U, s, sigma^2)`` of float64 covariances ``(k, d, d)``."""
+        U, s = class_top_eigh(covs, self.rank, labels, decomposition=self.decomposition,
+                              oversample=self.oversample, n_iter=self.n_iter,
+                              random_state=self.random_state)
+        if self.rank == self.dim:
+            res = torch.zeros_like(s[:, 0])
+        else:
+            trace = covs.diagonal(dim1=-2, dim2=-1).sum(-1)
+            res = ((trace - s.sum(-1)) / (self.dim - self.rank)).clamp_min(0.0)
+        return U.to(self.dtype), s, res
+
+    def _add_moments(self, labels, counts, means, covs) -> None:
+        U, s, res = self._compress(covs, labels)
+        self._append_rows(labels, {"_counts": counts, "_means": means, "_eigenvectors": U,
+                                   "_eigenvalues": s, "_residual_variances": res})
+        self._covariance_sum += covs.sum(0)
+
+    def _write_covariances(self, labels, pos, covs) -> None:
+        """Re-compress the new covariances. The sum loses the old *model* and gains the new
+        covariance (see the module docstring: exact only if the old class was exactly its model)."""
+        old = self._model_covariances(pos)
+        U, s, res = self._compress(covs, labels)
+        self._covariance_sum += covs.sum(0) - old.sum(0)
+        self._eigenvectors[pos] = U
+        self._eigenvalues[pos] = s
+        self._residual_variances[pos] = res
+
+    def _keep(self, keep: list[int], batch_size: int = 32) -> None:
+        """Keep the classes at positions ``keep``; the sum loses the removed classes' models."""
+        kept = set(keep)
+        dropped = [i for i in range(self.n_classes) if i not in kept]
+        if not kept:
+            self._covariance_sum.zero_()
+        for start in range(0, len(dropped) if kept else 0, batch_size):
+            pos = torch.tensor(dropped[start : start + batch_size], device=self.device)
+            self._covariance_sum -= self._model_covariances(pos).sum(0)
+        super()._keep(keep)
+
+    # ----------------------------------------------------------------- sampling
+    def sampling_factors(self, labels: Sequence[int] | None = None, *, jitter: float = 0.0,
+                         batch_size: int = 64, dtype: torch.dtype = torch.float64
+                         ) -> LowRankFactors:
+        """Symmetric square roots of ``Sigma_c + jitter I`` under the model, as :class:`LowRankFactors`.
+
+        Sampling with them gives ``mu + U sqrt(s) U^T e + sigma (I - U U^T) e`` for standard-normal
+        ``e`` in ``R^d``: the two terms are independent (orthogonal projections of ``e``), so
+        this is ``N(mu, U diag(s) U^T + sigma^2 (I - U U^T))``, and a ``d``-dimensional noise
+        block means the same as for :class:`~gdacil.ClassGaussians` (shared noise works).
+        With ``labels=None`` the basis is a view of the stored eigenvectors (no copy); it keeps
+        the storage dtype, and ``dtype`` applies to the gains and scales. ``batch_size`` is
+        accepted for interface compatibility and unused.
+        """
+        jitter = check_nonnegative(jitter, "jitter")
+        if labels is None:
+            U, s, res = self.eigenvectors, self.eigenvalues, self.residual_variances
+        else:
+            pos = self.positions(labels).to(self.device)
+            U = self._eigenvectors.index_select(0, pos)
+            s = self._eigenvalues.index_select(0, pos)
+            res = self._residual_variances.index_select(0, pos)
+        scales = (res + jitter).sqrt()
+        gains = (s + jitter).sqrt() - scales[:, None]
+        return LowRankFactors(U, gains.to(dtype), scales.to(dtype))
+
+    def _block_factors(self, labels, jitter, dtype) -> LowRankFactors:
+        return self.sampling_factors(labels, jitter=jitter, dtype=dtype)
+
+    def _check_factors(self, factors, k: int) -> None:
+        if not isinstance(factors, LowRankFactors):
+            raise TypeError(f"factors must be the LowRankFactors of sampling_factors(); got "
+                             f"{type(factors).__name__}")
+        U, g, sc = factors
+        if U.ndim != 3 or U.shape[:2] != (k, self.dim) or g.shape != (k, U.shape[2]) \
+                or sc.shape != (k,):
+            raise ValueError(f"factors must hold a basis ({k}, {self.dim}, q), gains ({k}, q) and "
+                             f"scales ({k},); got {tuple(U.shape)}, {tuple(g.shape)}, "
+                             f"{tuple(sc.shape)}")
+
+    def _slice_factors(self, factors, start: int, stop: int) -> LowRankFactors:
+        return LowRankFactors(*(t[start:stop] for t in factors))
+
+    def _deviations(self, factors, noise: torch.Tensor) -> torch.Tensor:
+        U, g, sc = (t.to(device=self.device, dtype=torch.float64) for t in factors)
+        return sc[:, None, None] * noise + ((noise @ U) * g[:, None, :]) @ U.transpose(1, 2)

@@ -1,0 +1,50 @@
+"""The scale benchmark: synthetic classes, one quick cell in process and one in a worker."""
+
+import json
+
+import pytest
+import torch
+
+from gdacil.bench import scale as bench
+
+
+def test_synthetic_classes_are_seeded_per_class_and_follow_their_model():
+    classes = bench.SyntheticClasses(bench.QUICK)
+    means, covs = classes.moments([3, 7])
+    again, _ = classes.moments([7])
+    assert torch.equal(means[1], again[0])  # a class does not depend on its block
+    d = bench.QUICK.dim
+    expected_trace = float(classes.spectrum.sum()) + d * bench.QUICK.noise_variance
+    torch.testing.assert_close(covs.diagonal(dim1=1, dim2=2).sum(1),
+                               torch.full((2,), expected_trace, dtype=torch.float64))
+    g = torch.Generator().manual_seed(0)
+    X = classes.sample(torch.full((4000,), 3), g)
+    torch.testing.assert_close(X.mean(0), means[0], atol=0.05, rtol=0)
+    torch.testing.assert_close(torch.cov(X.T), covs[0], atol=0.05, rtol=0)
+
+
+def test_quick_inline_run_reports_every_figure(tmp_path):
+    assert bench.main(["--quick", "--inline", "--out", str(tmp_path)]) == 0
+    payload = json.loads((tmp_path / "scale.json").read_text())
+    rows = payload["results"]
+    assert [r["classes"] for r in rows] == list(bench.QUICK.classes)
+    for r in rows:
+        assert "error" not in r
+        for k in (1, bench.QUICK.topk):  # exact pruning
+            assert r[f"top{k}"]["equal_to_dense"]
+            assert 0 < r[f"top{k}"]["pairs_scored_fraction"] <= 1
+        assert r["build_s"] == pytest.approx(r["compress_s"] + r["fit_s"])
+        assert r["decomposed_on_refit"] == 0  # the stored eigenpairs are reused
+        d, q = bench.QUICK.dim, bench.QUICK.rank
+        assert r["stats_bytes"] >= r["classes"] * d * q * 4
+        assert r["peer_dense_fp32_bytes"] == r["classes"] * d * d * 4
+    md = (tmp_path / "scale.md").read_text()
+    assert "python -m gdacil bench scale --quick --inline" in md
+    assert (tmp_path / "scale.png").stat().st_size > 0
+
+
+def test_a_cell_runs_in_its_own_process():
+    cfg = bench.ScaleBenchConfig(**{**bench.asdict(bench.QUICK), "classes": (30,)})
+    (row,) = bench.run(cfg, log=lambda _: None)["results"]
+    assert "error" not in row, row
+    assert row["classes"] == 30 and row["peak_rss_bytes"] > 0

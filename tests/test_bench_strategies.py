@@ -1,0 +1,107 @@
+"""The strategies benchmark: its runs are valid experiments, and its summary reads their results."""
+
+import json
+
+import pytest
+
+from gdacil.bench import strategies as bench
+from gdacil.cil import load_config
+from gdacil.cil.runner import anchor_subset
+from gdacil.cli import resolve_config
+
+
+def _config(run):
+    return load_config(resolve_config(bench.BASE_CONFIG), run.overrides)
+
+
+def test_every_planned_run_is_a_valid_experiment(tmp_path):
+    cfg = bench.StrategiesBenchConfig()
+    runs = bench.plan_runs(cfg, tmp_path)
+    names = [r.name for r in runs]
+    assert len(names) == len(set(names)) == 8 + 4 + 1
+    assert names[:8] == [f"{s}-seed1993" for s in bench.ALL_STRATEGIES] and names[-1] == "hopdc-sensitivity"
+    assert {"seqft-seed1995", "lora_seqkd-seed1994", "hopdc-sensitivity"} <= set(names)
+    for run in runs:
+        exp = _config(run)
+        assert exp.output_dir == str(tmp_path / "runs" / run.name)
+        assert exp.threads == cfg.threads and exp.protocol["test_cap"] == cfg.test_cap
+        if run.name == "hopdc-sensitivity":
+            assert list(exp.heads) == ["lr_rgda"] and exp.anchors.n == 1024
+            assert {exp.track_anchors(t) for t in exp.compensators} == {None, 0, 64, 256, 1024}
+            assert len(exp.compensators) == 2 + len(cfg.tau) + len(cfg.topk) + len(cfg.n_anchors)
+            assert exp.compensators["k=all"]["topk"] is None
+            continue
+        strategy = run.name.split("-seed")[0]
+        built = exp.build_strategy().config
+        assert built.name == strategy and built.train.steps == cfg.steps
+        lora = strategy.startswith("lora") or strategy == "randproj"
+        assert built.train.lr == bench.STEP_OVERRIDES["lora" if lora else "full"]["lr"]
+        assert set(exp.compensators) == set(bench.TRACKS) and set(exp.heads) == set(bench.HEADS)
+        assert exp.anchors.n == cfg.anchors
+        assert exp.drift_diagnostics == (run.name == "seqft-seed1993")
+        assert exp.backbone.projection_dim == (cfg.projection_dim if strategy == "randproj" else None)
+
+
+def test_track_anchor_counts_are_validated():
+    run = bench.plan_runs(bench.StrategiesBenchConfig(), bench.Path("/tmp/x"))[0]
+    with pytest.raises(ValueError, match="anchors must be an integer from 0 to anchors.n"):
+        load_config(resolve_config(bench.BASE_CONFIG), [
+            *run.overrides, "anchors.n=10", "compensators={h: {name: hopdc, anchors: 11}}"])
+
+
+def test_anchor_subsets_are_nested_and_seeded():
+    small, large = anchor_subset(100, 10, seed=3), anchor_subset(100, 40, seed=3)
+    assert set(small.tolist()) <= set(large.tolist()) and len(set(large.tolist())) == 40
+    assert small.tolist() == sorted(small.tolist())
+    assert anchor_subset(100, 10, seed=3).equal(small)
+    assert not anchor_subset(100, 10, seed=4).equal(small)
+
+
+def _fake_results(out, name, seed, tracks, heads, base):
+    per = {f"{t}/{h}": {"last_acc": base + 0.01 * i, "inc_acc": base + 0.1}
+           for i, (t, h) in enumerate((t, h) for t in tracks for h in heads)}
+    run_dir = out / "runs" / name
+    run_dir.mkdir(parents=True)
+    payload = {"seeds": {str(seed): per}}
+    if name == "seqft-seed1993":
+        payload["drift_diagnostics"] = {str(seed): [
+            {"task": 1, "hopdc": {"mean_error": 1.0}, "sldc": {"mean_error": 3.0}},
+            {"task": 2, "hopdc": {"mean_error": 2.0}, "sldc": {"mean_error": 5.0}}]}
+    (run_dir / "results.json").write_text(json.dumps(payload))
+
+
+def test_summary_averages_seeds_and_renders_every_table(tmp_path):
+    cfg = bench.StrategiesBenchConfig(strategies=("frozen", "seqft"),
+                                      extra_seeds={"seqft": (1994,)})
+    walls = {}
+    for run in bench.plan_runs(cfg, tmp_path):
+        seed = int(run.name.rsplit("seed", 1)[1]) if "-seed" in run.name else 1993
+        if run.name == "hopdc-sensitivity":
+            _fake_results(tmp_path, run.name, seed, bench.sensitivity_tracks(cfg), ["lr_rgda"], 0.5)
+        else:
+            _fake_results(tmp_path, run.name, seed, bench.TRACKS, bench.HEADS,
+                          0.6 if seed == 1993 else 0.7)
+        walls[run.name] = {"wall_s": 120.0}
+    summary = bench.summarize(cfg, tmp_path, walls)
+    seqft = summary["strategies"]["seqft"]
+    assert seqft["cells"]["none/lda"]["last_acc"]["mean"] == pytest.approx(0.65)
+    assert seqft["cells"]["none/lda"]["last_acc"]["n"] == 2
+    assert seqft["drift"] == {"hopdc": {"mean_error": 1.5}, "sldc": {"mean_error": 4.0}}
+    assert summary["strategies"]["frozen"]["drift"] is None
+    text = bench.render(summary)
+    assert "| seqft | 2 | 65.00 ±" in text and "| frozen | 1 | 60.00 |" in text
+    assert "| tau=0.01 |" in text and "| k=all |" in text and "| N=0 |" in text
+    assert "| default |" in text
+    bench.plot(summary, tmp_path)
+    assert (tmp_path / "strategies.png").stat().st_size > 0
+    assert (tmp_path / "hopdc_sensitivity.png").stat().st_size > 0
+
+
+def test_summary_of_a_stopped_benchmark_lists_the_missing_runs(tmp_path):
+    cfg = bench.StrategiesBenchConfig(strategies=("frozen", "seqft"),
+                                      extra_seeds={"seqft": (1994,)})
+    _fake_results(tmp_path, "frozen-seed1993", 1993, bench.TRACKS, bench.HEADS, 0.6)
+    summary = bench.run(cfg, tmp_path, log=lambda *_: None, summarize_only=True)
+    assert list(summary["strategies"]) == ["frozen"]
+    assert summary["missing_runs"] == ["seqft-seed1993", "seqft-seed1994", "hopdc-sensitivity"]
+    assert "`seqft-seed1994`" in (tmp_path / "strategies.md").read_text()
