@@ -65,8 +65,11 @@ def _fake_results(out, name, seed, tracks, heads, base):
     payload = {"seeds": {str(seed): per}}
     if name == "seqft-seed1993":
         payload["drift_diagnostics"] = {str(seed): [
-            {"task": 1, "hopdc": {"mean_error": 1.0}, "sldc": {"mean_error": 3.0}},
-            {"task": 2, "hopdc": {"mean_error": 2.0}, "sldc": {"mean_error": 5.0}}]}
+            {"task": t, **{track: {"mean_rel_error": e, "cov_rel_error": 2 * e, "w2": 3 * e,
+                                   "identity": {"mean_rel_error": 9.0, "cov_rel_error": 9.0,
+                                                "w2": 9.0}}
+                           for track, e in (("hopdc", t), ("sldc", 2 * t))}}
+            for t in (1, 2)]}
     (run_dir / "results.json").write_text(json.dumps(payload))
 
 
@@ -86,7 +89,8 @@ def test_summary_averages_seeds_and_renders_every_table(tmp_path):
     seqft = summary["strategies"]["seqft"]
     assert seqft["cells"]["none/lda"]["last_acc"]["mean"] == pytest.approx(0.65)
     assert seqft["cells"]["none/lda"]["last_acc"]["n"] == 2
-    assert seqft["drift"] == {"hopdc": {"mean_error": 1.5}, "sldc": {"mean_error": 4.0}}
+    assert seqft["drift"]["hopdc"]["mean_mean_rel_error"] == 1.5
+    assert seqft["drift"]["sldc"]["last_w2"] == 12.0 and seqft["drift"]["none"]["last_w2"] == 9.0
     assert summary["strategies"]["frozen"]["drift"] is None
     text = bench.render(summary)
     assert "| seqft | 2 | 65.00 ±" in text and "| frozen | 1 | 60.00 |" in text
