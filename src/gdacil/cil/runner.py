@@ -147,9 +147,11 @@ class _SeedRun:
                                                                             "kd_loss")}
             timing["adapt"]["final_loss"] = log["loss"][-1] if log.get("loss") else None
         with clock("features_s"):  # one extraction for the task's samples and the anchors
-            after = self.features(list(dict.fromkeys([*task.train.ids, *anchor_ids])))
+            position = {i: k for k, i in enumerate(dict.fromkeys([*task.train.ids, *anchor_ids]))}
+            after = self.features(list(position))
             X = after[: len(task.train.ids)]
-            new_anchors = after[self._rows_of(anchor_ids, task.train.ids)] if anchor_ids else None
+            new_anchors = (after[torch.tensor([position[i] for i in anchor_ids], dtype=torch.long)]
+                           if anchor_ids else None)
         with clock("stats_s"):
             new = ClassGaussians(self.backbone.dim, ddof=self.cfg.ddof).update(
                 X, torch.tensor(task.train.labels, dtype=torch.int64))
@@ -166,12 +168,6 @@ class _SeedRun:
         self.log(f"seed {self.seed} task {t + 1}/{len(self.tasks)}: {len(task.classes)} new classes, "
                  f"{sum(len(self.tasks[j].classes) for j in range(t + 1))} seen; accuracy {accs}")
         return timing
-
-    @staticmethod
-    def _rows_of(anchor_ids: list[str], train_ids) -> torch.Tensor:
-        """Rows of ``anchor_ids`` in ``dict.fromkeys([*train_ids, *anchor_ids])``."""
-        position = {i: k for k, i in enumerate(dict.fromkeys([*train_ids, *anchor_ids]))}
-        return torch.tensor([position[i] for i in anchor_ids], dtype=torch.long)
 
     def _anchor_ids(self, t: int) -> list[str]:
         if t == 0 or not self.needs_anchors:
