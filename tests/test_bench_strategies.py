@@ -18,7 +18,7 @@ def test_every_planned_run_is_a_valid_experiment(tmp_path):
     cfg = bench.StrategiesBenchConfig()
     runs = bench.plan_runs(cfg, tmp_path)
     names = [r.name for r in runs]
-    assert len(names) == len(set(names)) == 8 + 4 + 1
+    assert len(names) == len(set(names)) == 8 + 4 + 2
     assert names[:8] == [f"{s}-seed1993" for s in bench.ALL_STRATEGIES] and names[-1] == "hopdc-sensitivity"
     assert {"seqft-seed1995", "lora_seqkd-seed1994", "hopdc-sensitivity"} <= set(names)
     for run in runs:
@@ -30,6 +30,11 @@ def test_every_planned_run_is_a_valid_experiment(tmp_path):
             assert {exp.track_anchors(t) for t in exp.compensators} == {None, 0, 64, 256, 1024}
             assert len(exp.compensators) == 2 + len(cfg.tau) + len(cfg.topk) + len(cfg.n_anchors)
             assert exp.compensators["k=all"]["topk"] is None
+            continue
+        if run.name == "hopdc-moments":
+            assert list(exp.heads) == ["lr_rgda"] and exp.drift_diagnostics
+            assert exp.compensators["hopdc_matched"]["match_moments"] is True
+            assert exp.build_strategy().config.name == "seqft"
             continue
         strategy = run.name.split("-seed")[0]
         built = exp.build_strategy().config
@@ -63,12 +68,13 @@ def _fake_results(out, name, seed, tracks, heads, base):
     run_dir = out / "runs" / name
     run_dir.mkdir(parents=True)
     payload = {"seeds": {str(seed): per}}
-    if name == "seqft-seed1993":
+    if name in ("seqft-seed1993", "hopdc-moments"):
+        compensated = sorted(t for t in tracks if t != "none")
         payload["drift_diagnostics"] = {str(seed): [
             {"task": t, **{track: {"mean_rel_error": e, "cov_rel_error": 2 * e, "w2": 3 * e,
                                    "identity": {"mean_rel_error": 9.0, "cov_rel_error": 9.0,
                                                 "w2": 9.0}}
-                           for track, e in (("hopdc", t), ("sldc", 2 * t))}}
+                           for track, e in zip(compensated, (t, 2 * t, 3 * t))}}
             for t in (1, 2)]}
     (run_dir / "results.json").write_text(json.dumps(payload))
 
@@ -81,6 +87,8 @@ def test_summary_averages_seeds_and_renders_every_table(tmp_path):
         seed = int(run.name.rsplit("seed", 1)[1]) if "-seed" in run.name else 1993
         if run.name == "hopdc-sensitivity":
             _fake_results(tmp_path, run.name, seed, bench.sensitivity_tracks(cfg), ["lr_rgda"], 0.5)
+        elif run.name == "hopdc-moments":
+            _fake_results(tmp_path, run.name, seed, bench.MOMENT_TRACKS, ["lr_rgda"], 0.4)
         else:
             _fake_results(tmp_path, run.name, seed, bench.TRACKS, bench.HEADS,
                           0.6 if seed == 1993 else 0.7)
@@ -96,6 +104,10 @@ def test_summary_averages_seeds_and_renders_every_table(tmp_path):
     assert "| seqft | 2 | 65.00 ±" in text and "| frozen | 1 | 60.00 |" in text
     assert "| tau=0.01 |" in text and "| k=all |" in text and "| N=0 |" in text
     assert "| default |" in text
+    moments = summary["moments"]
+    assert moments["cells"]["hopdc_matched"]["last_acc"] == pytest.approx(0.43)
+    assert moments["drift"]["hopdc_matched"]["last_cov_rel_error"] == 8.0
+    assert "| hopdc_matched | 43.00 | 50.00 | 4 | 8 | 6 |" in text
     bench.plot(summary, tmp_path)
     assert (tmp_path / "strategies.png").stat().st_size > 0
     assert (tmp_path / "hopdc_sensitivity.png").stat().st_size > 0
@@ -107,5 +119,6 @@ def test_summary_of_a_stopped_benchmark_lists_the_missing_runs(tmp_path):
     _fake_results(tmp_path, "frozen-seed1993", 1993, bench.TRACKS, bench.HEADS, 0.6)
     summary = bench.run(cfg, tmp_path, log=lambda *_: None, summarize_only=True)
     assert list(summary["strategies"]) == ["frozen"]
-    assert summary["missing_runs"] == ["seqft-seed1993", "seqft-seed1994", "hopdc-sensitivity"]
+    assert summary["missing_runs"] == ["seqft-seed1993", "seqft-seed1994", "hopdc-sensitivity",
+                                       "hopdc-moments"]
     assert "`seqft-seed1994`" in (tmp_path / "strategies.md").read_text()
