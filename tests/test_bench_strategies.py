@@ -93,6 +93,7 @@ def test_summary_averages_seeds_and_renders_every_table(tmp_path):
             _fake_results(tmp_path, run.name, seed, bench.TRACKS, bench.HEADS,
                           0.6 if seed == 1993 else 0.7)
         walls[run.name] = {"wall_s": 120.0}
+    walls["frozen-seed1993"] = {"wall_s": None}     # finished before walls were recorded
     summary = bench.summarize(cfg, tmp_path, walls)
     seqft = summary["strategies"]["seqft"]
     assert seqft["cells"]["none/lda"]["last_acc"]["mean"] == pytest.approx(0.65)
@@ -104,6 +105,7 @@ def test_summary_averages_seeds_and_renders_every_table(tmp_path):
     assert "| seqft | 2 | 65.00 ±" in text and "| frozen | 1 | 60.00 |" in text
     assert "| tau=0.01 |" in text and "| k=all |" in text and "| N=0 |" in text
     assert "| default |" in text
+    assert "| frozen | not recorded |" in text and "| seqft | 2.0, 2.0 |" in text
     moments = summary["moments"]
     assert moments["cells"]["hopdc_matched"]["last_acc"] == pytest.approx(0.43)
     assert moments["drift"]["hopdc_matched"]["last_cov_rel_error"] == 8.0

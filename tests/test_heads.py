@@ -438,6 +438,31 @@ def test_pruned_top_k_equals_dense_top_k(dtype, spread):
         assert head.last_pruning_["pairs_scored_fraction"] < 0.5
 
 
+@pytest.mark.parametrize("dense_share", [0.0, 2.0])  # every class group scored densely / gathered
+def test_pruned_rounds_score_pairs_like_a_direct_computation(monkeypatch, dense_share):
+    from gdacil.heads import lowrank
+
+    monkeypatch.setattr(lowrank, "_DENSE_SHARE", dense_share)
+    monkeypatch.setattr(lowrank, "_RESCORE_CLASSES", 3)   # groups that split the class range
+    g = torch.Generator().manual_seed(1)
+    d, C = 12, 11
+    X = torch.randn(C * 20, d, generator=g, dtype=torch.float64) * torch.linspace(2, 0.2, d)
+    y = torch.arange(C).repeat_interleave(20)
+    head = LRRGDA(rank=5).fit(ClassGaussians(d).update(X + 3 * torch.randn(C, d, generator=g,
+                                                                      dtype=torch.float64)[y], y))
+    queries = torch.randn(9, d, generator=g, dtype=torch.float64)
+    pairs = torch.rand(C, 9, generator=g) < 0.4                   # some classes get no pair
+    cls, smp = pairs.nonzero(as_tuple=True)
+    got = head._row_norms(queries, cls, smp, 1, 4)
+    Z = torch.einsum("pid,pd->pi", head.rows_[cls, 2:5], queries[smp]) + head.bias_[cls, 2:5]
+    torch.testing.assert_close(got, Z.square().sum(1), rtol=1e-12, atol=1e-12)
+    dense_scores, dense_labels = head.top_k(queries, 3, pruned=False)
+    for j in (0, 1, 2):
+        scores, labels = head.top_k(queries, 3, screen_rank=j)
+        assert torch.equal(labels, dense_labels)
+        torch.testing.assert_close(scores, dense_scores, rtol=0, atol=1e-10)
+
+
 @needs_minilm
 @needs_wordnet
 def test_pruned_top_k_equals_dense_top_k_on_real_features():

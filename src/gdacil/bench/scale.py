@@ -15,7 +15,7 @@ process so peak memory is per cell:
 - **inference**: the argmax and the top-5 of ``queries`` samples, dense (every class's
   ``r + 1`` rows) against exact pruned scoring (:meth:`~gdacil.heads.LRRGDA.top_k`), in
   float32; the pruned labels are checked against the dense ones, and the fraction of
-  (sample, class) pairs scored in full is reported.
+  (sample, class) pairs that pass screening (and get more rows) is reported.
 
 Classes are synthetic: a random mean, a random 96-dimensional principal subspace with a
 power-law spectrum, and isotropic noise, so the top-64 compression is lossy as on real
@@ -229,7 +229,7 @@ def render(payload: dict, command: str) -> str:
         "Dense scoring computes every class's `r + 1` rows (the same cost for the argmax and "
         "the top-k list); pruned scoring is exact and is checked against it.", "",
         markdown_table(
-            ["C", "k", "dense", "pruned", "speedup", "pairs scored in full", "classes scored",
+            ["C", "k", "dense", "pruned", "speedup", "pairs past screening", "classes scored",
              "equal to dense", "max |score diff|", "top-1 accuracy"],
             [[r["classes"], k, f"{r['dense_throughput']:,.0f}",
               f"{r[f'top{k}']['pruned_throughput']:,.0f}", f"{r[f'top{k}']['speedup']:.1f}x",

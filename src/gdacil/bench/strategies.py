@@ -156,16 +156,19 @@ def _execute(run: Run, out: Path, log) -> dict:
     for item in run.overrides:
         cmd += ["--set", item]
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    # a run that finished before its wall time was recorded only rewrites its results now
+    finished_before = (run_dir / "results.json").is_file()
     log(f"{run.name}: started")
     start, load0 = time.perf_counter(), os.getloadavg()[0]
     with open(run_dir / "bench.log", "a") as stdout:
         proc = subprocess.run(cmd, stdout=stdout, stderr=subprocess.STDOUT, env=env, check=False)
     if proc.returncode:
         raise RuntimeError(f"{run.name} failed (exit {proc.returncode}); see {run_dir / 'bench.log'}")
-    wall = {"wall_s": time.perf_counter() - start, "load_start": load0,
+    elapsed = time.perf_counter() - start
+    wall = {"wall_s": None if finished_before else elapsed, "load_start": load0,
             "load_end": os.getloadavg()[0], "command": cmd}
     write_json(wall_file, wall)
-    log(f"{run.name}: finished in {wall['wall_s'] / 60:.1f} min")
+    log(f"{run.name}: finished in {elapsed / 60:.1f} min")
     return wall
 
 
@@ -217,8 +220,7 @@ def summarize(cfg: StrategiesBenchConfig, out: Path, walls: dict) -> dict:
         diag = per_seed[0].get("drift_diagnostics")
         strategies[strategy] = {
             "seeds": list(seeds), "cells": cells,
-            "wall_min": [walls[f"{strategy}-seed{s}"]["wall_s"] / 60
-                         for s in seeds if f"{strategy}-seed{s}" in walls],
+            "wall_min": [_wall_min(walls, f"{strategy}-seed{s}") for s in seeds],
             "drift": _drift_summary(diag[str(seeds[0])]) if diag else None}
     summary = {"config": asdict(cfg), "machine": machine_info(), "strategies": strategies,
                "base_config": BASE_CONFIG, "missing_runs": missing}
@@ -231,7 +233,7 @@ def summarize(cfg: StrategiesBenchConfig, out: Path, walls: dict) -> dict:
             track: {"last_acc": res["seeds"][seed][f"{track}/lr_rgda"]["last_acc"],
                     "inc_acc": res["seeds"][seed][f"{track}/lr_rgda"]["inc_acc"]}
             for track in sensitivity_tracks(cfg)}
-        summary["sensitivity_wall_min"] = walls.get("hopdc-sensitivity", {}).get("wall_s", 0) / 60
+        summary["sensitivity_wall_min"] = _wall_min(walls, "hopdc-sensitivity")
     if cfg.moments and not _finished(out, "hopdc-moments"):
         missing.append("hopdc-moments")
     elif cfg.moments:
@@ -241,8 +243,18 @@ def summarize(cfg: StrategiesBenchConfig, out: Path, walls: dict) -> dict:
             "cells": {track: {k: res["seeds"][seed][f"{track}/lr_rgda"][k]
                               for k in ("last_acc", "inc_acc")} for track in MOMENT_TRACKS},
             "drift": _drift_summary(res["drift_diagnostics"][seed]),
-            "wall_min": walls.get("hopdc-moments", {}).get("wall_s", 0) / 60}
+            "wall_min": _wall_min(walls, "hopdc-moments")}
     return summary
+
+
+def _wall_min(walls: dict, name: str) -> float | None:
+    """Minutes a run took, or None where it was not recorded."""
+    seconds = walls.get(name, {}).get("wall_s")
+    return None if seconds is None else seconds / 60
+
+
+def _minutes(value: float | None) -> str:
+    return "not recorded" if value is None else f"{value:.1f}"
 
 
 def _drift_summary(tasks: list[dict]) -> dict:
@@ -280,7 +292,7 @@ def render(summary: dict) -> str:
                 for name, s in summary["strategies"].items()]
         lines += [f"## {title} (%; ± is the 95% t-interval over seeds)", "",
                   markdown_table(header, rows)]
-    rows = [[name, ", ".join(f"{w:.1f}" for w in s["wall_min"])]
+    rows = [[name, ", ".join(_minutes(w) for w in s["wall_min"])]
             for name, s in summary["strategies"].items()]
     lines += ["## Wall time per run (minutes)", "", markdown_table(["strategy", "runs"], rows)]
     drift = {n: s["drift"] for n, s in summary["strategies"].items() if s["drift"]}
@@ -302,7 +314,7 @@ def render(summary: dict) -> str:
                   "one. `k=all` is dense attention; `N` counts external anchors (the task's own "
                   "samples are always added).", "",
                   markdown_table(["track", "Last-Acc", "Inc-Acc"], rows),
-                  f"Wall time: {summary['sensitivity_wall_min']:.1f} min.", ""]
+                  f"Wall time (min): {_minutes(summary['sensitivity_wall_min'])}.", ""]
     if "moments" in summary:
         mom = summary["moments"]
         keys = ("last_mean_rel_error", "last_cov_rel_error", "mean_cov_rel_error")
@@ -314,7 +326,7 @@ def render(summary: dict) -> str:
                   "samples carry the stored mean and covariance exactly (`match_moments=True`, "
                   "not in the paper). Drift errors are against the oracle statistics.", "",
                   markdown_table(["track", "Last-Acc", "Inc-Acc", *keys], rows),
-                  f"Wall time: {mom['wall_min']:.1f} min.", ""]
+                  f"Wall time (min): {_minutes(mom['wall_min'])}.", ""]
     return "\n".join(lines)
 
 

@@ -34,6 +34,12 @@ from .rgda import PAPER_ALPHAS, check_alphas
 
 __all__ = ["LRRGDA"]
 
+#: Consecutive classes per batched GEMM when the pruned top-k finishes its candidate pairs
+_RESCORE_CLASSES = 16
+#: ... scored against every sample (one plain GEMM, no gather) when one of them needs at least
+#: this share of the samples: a padded, gathered GEMM then costs more
+_DENSE_SHARE = 1 / 3
+
 
 class LRRGDA(GaussianHead):
     """Low-rank regularised Gaussian discriminant analysis (the paper's LR-RGDA).
@@ -219,16 +225,19 @@ class LRRGDA(GaussianHead):
 
         With ``pruned=True`` the full quadratic term is computed only where it can matter. A
         screening GEMM against the linear row and the first ``screen_rank`` (``j``) quadratic
-        rows of every class gives, with ``t_i`` the whitened coordinates and ``m_c`` the
-        Mahalanobis distance under ``B`` (which follows from the linear score)::
+        rows of every class gives, with ``m_c`` the ``B``-Mahalanobis distance of ``x`` to
+        ``mu_c`` (which follows from the linear score)::
 
-            lower_c = w_c^T x + b_c + 1/2 sum_{i <= j} kappa_ci t_i^2
-            upper_c = lower_c + 1/2 kappa_{c,j+1} (m_c - sum_{i <= j} t_i^2)
+            lower_c = w_c^T x + b_c + 1/2 ||A_c[:j] (x - mu_c)||^2
+            upper_c = lower_c + 1/2 kappa_{c,j+1} m_c
 
-        A class whose upper bound is below the ``k``-th best lower bound cannot be in the top
-        ``k``; for the others (with a margin for rounding) the remaining ``r - j`` rows are
-        scored, class by class, for just the samples that need them. ``last_pruning_`` reports
-        the fraction of (sample, class) pairs scored in full and of classes any sample needed.
+        The ``k`` classes with the best lower bounds are scored exactly; the ``k``-th best of
+        those scores is a floor that the ``k``-th best class reaches. Every (sample, class) pair
+        whose upper bound reaches the floor (less a margin for rounding) then gets its remaining
+        rows in rounds (``j -> 3j -> ... -> r`` rows), and after each round the pairs whose
+        tightened bounds fall short are dropped. Rounds run class by class in batched GEMMs
+        over just the samples that need each class. ``last_pruning_`` reports the fraction of
+        (sample, class) pairs that passed screening and of classes any sample needed.
 
         Returns
         -------
@@ -257,59 +266,120 @@ class LRRGDA(GaussianHead):
                               "screen_rank": j}
         return torch.cat(out_scores), self.classes_[torch.cat(out_idx).cpu()]
 
-    def _screen_rows(self, j: int):
-        """Contiguous copies of the first ``1 + j`` rows of every class, kept for reuse."""
+    def _screening(self, j: int) -> dict:
+        """The first ``1 + j`` rows of every class (contiguous) and the per-class constants of
+        the bounds, kept for reuse until the next ``fit``."""
         cached = getattr(self, "_screen_cache", None)
-        if cached is None or cached[0] != j:
-            cached = (j, self.rows_[:, : 1 + j].contiguous(), self.bias_[:, : 1 + j].contiguous())
+        if cached is None or cached["j"] != j:
+            cached = {"j": j, "rows": self.rows_[:, : 1 + j].contiguous(),
+                      "bias": self.bias_[:, : 1 + j].contiguous(),
+                      # (x-mu)^T B^-1 (x-mu) = x^T B^-1 x - 2 (lin - b) + mu^T B^-1 mu
+                      "offset": self.mean_precision_ + 2.0 * self.linear_bias_,
+                      # kappa_{c,i+1} / 2 bounds the rest after i rows (0 after all r rows)
+                      "half_kappa": 0.5 * torch.nn.functional.pad(self.kappa_, (0, 1))}
             self._screen_cache = cached
-        return cached[1], cached[2]
+        return cached
 
     def _bounds(self, X: torch.Tensor, j: int):
-        """Lower bounds, upper bounds plus rounding margin ``(n, C)``, and the largest margin."""
-        screen_rows, screen_bias = self._screen_rows(j)
-        (n, d), C = X.shape, screen_rows.shape[0]
+        """Lower bounds of the scores and ``B``-Mahalanobis distances, both ``(n, C)``, and a
+        per-sample rounding margin ``(n, 1)`` that covers every bound built from them."""
+        screen = self._screening(j)
+        rows, bias, offset = screen["rows"], screen["bias"], screen["offset"]
+        (n, d), C = X.shape, rows.shape[0]
         lower = torch.empty(n, C, dtype=X.dtype, device=X.device)
-        upper = torch.empty_like(lower)
-        max_margin = torch.zeros(n, 1, dtype=X.dtype, device=X.device)
+        mahalanobis = torch.empty_like(lower)
+        size = torch.zeros(n, 1, dtype=X.dtype, device=X.device)
         sq_norm = (X @ self.base_whitener_.T).square().sum(1, keepdim=True)   # x^T B^{-1} x
-        eps = 64 * torch.finfo(self.dtype).eps
         block = self._block_size(1 + j, n)
         for a in range(0, C, block):
             b = min(C, a + block)
-            Z = torch.addmm(screen_bias[a:b].reshape(-1), X,
-                            screen_rows[a:b].reshape(-1, d).T).view(n, b - a, 1 + j)
-            lin, T2 = Z[:, :, 0], Z[:, :, 1:].square()
-            kappa = self.kappa_[a:b, :j]
-            low = lin + 0.5 * T2.sum(-1)
-            wx = lin - self.linear_bias_[a:b]
-            mahalanobis = sq_norm - 2.0 * wx + self.mean_precision_[a:b]  # (x-mu)^T B^-1 (x-mu)
-            covered = (T2 * torch.where(kappa > 0, 1.0 / kappa, 0.0)).sum(-1)
-            kappa_next = (self.kappa_[a:b, j] if j < self.kappa_.shape[1]
-                          else torch.zeros_like(lin[0]))
-            # rounding: the bound terms are differences of sums up to these magnitudes
-            margin = eps * (low.abs() + sq_norm + 2.0 * wx.abs() + self.mean_precision_[a:b]
-                            + covered)
-            lower[:, a:b] = low
-            upper[:, a:b] = (low + 0.5 * kappa_next * (mahalanobis - covered).clamp_min(0.0)
-                             + margin)
-            max_margin = torch.maximum(max_margin, margin.amax(1, keepdim=True))
-        return lower, upper, max_margin
+            Z = torch.addmm(bias[a:b].reshape(-1), X, rows[a:b].reshape(-1, d).T
+                            ).view(n, b - a, 1 + j)
+            lin, Q = Z[:, :, 0], Z[:, :, 1:]
+            low = torch.add(lin, torch.linalg.vecdot(Q, Q), alpha=0.5 * self.sign_,
+                            out=lower[:, a:b])
+            torch.add(offset[a:b], lin, alpha=-2.0, out=mahalanobis[:, a:b]
+                      ).add_(sq_norm).clamp_min_(0.0)
+            # every term above is a sum of terms no larger than these magnitudes
+            size = torch.maximum(size, low.abs().amax(1, keepdim=True)
+                                 + 2.0 * lin.abs().amax(1, keepdim=True)
+                                 + offset[a:b].abs().max())
+        margin = 64 * torch.finfo(self.dtype).eps * (size + sq_norm)
+        return lower, mahalanobis, margin
 
     def _pruned_top_k(self, X: torch.Tensor, k: int, j: int):
-        lower, upper, max_margin = self._bounds(X, j)
-        threshold = lower.topk(k, dim=1).values[:, -1:]
-        cls, smp = (upper >= threshold - max_margin).T.nonzero(as_tuple=True)  # class-major
-        labels, counts = torch.unique_consecutive(cls, return_counts=True)
+        """Screen with ``j`` rows, then add rows in rounds (``j -> 3j -> ... -> r``) to the
+        pairs whose upper bound still reaches the ``k``-th best lower bound of their sample."""
+        lower, mahalanobis, margin = self._bounds(X, j)
+        r, half_kappa = self.rows_.shape[1] - 1, self._screening(j)["half_kappa"]
+        # the exact scores of the k best lower bounds: k classes score at least their minimum
+        floor = self._exact_scores(X, lower, lower.topk(k, dim=1).indices, j).amin(1, keepdim=True)
+        threshold = floor - 2.0 * margin        # bounds and threshold carry one margin each
+        # the rest of the quadratic term is at most kappa_{j+1} / 2 times the distance
+        cls, smp = (torch.addcmul(lower, half_kappa[:, j], mahalanobis) >= threshold
+                    ).T.nonzero(as_tuple=True)                           # sorted by class
+        scored, classes = len(smp), len(torch.unique_consecutive(cls))
+        low, dist = lower[smp, cls], mahalanobis[smp, cls]
+        done = j
+        while done < r:
+            step = min(r, max(4, 3 * done))
+            low += (0.5 * self.sign_) * self._row_norms(X, cls, smp, done, step)
+            done = step
+            if done == r:
+                break
+            lower[smp, cls] = low                          # still lower bounds, now tighter
+            threshold = torch.maximum(lower.topk(k, dim=1).values[:, -1:], floor) - 2.0 * margin
+            keep = torch.addcmul(low, half_kappa[cls, done], dist) >= threshold[smp, 0]
+            cls, smp, low, dist = cls[keep], smp[keep], low[keep], dist[keep]
         scores = torch.full_like(lower, -torch.inf)
-        stop = 0
-        for c, m in zip(labels.tolist(), counts.tolist()):
-            idx = smp[stop:stop + m]
-            stop += m
-            rest = torch.addmm(self.bias_[c, 1 + j:], X[idx], self.rows_[c, 1 + j:].T)
-            scores[idx, c] = lower[idx, c] + (0.5 * self.sign_) * rest.square().sum(1)
+        scores[smp, cls] = low
         best, idx = scores.topk(k, dim=1)
-        return best, idx, len(smp), len(labels)
+        return best, idx, scored, classes
+
+    def _exact_scores(self, X: torch.Tensor, lower: torch.Tensor, idx: torch.Tensor, j: int
+                      ) -> torch.Tensor:
+        """Scores ``(n, k)`` of the classes ``idx`` ``(n, k)``: their lower bounds after ``j``
+        rows plus the remaining rows."""
+        smp = torch.arange(len(idx), device=idx.device).repeat_interleave(idx.shape[1])
+        order = torch.argsort(idx.reshape(-1), stable=True)
+        cls, smp = idx.reshape(-1)[order], smp[order]
+        rest = self._row_norms(X, cls, smp, j, self.rows_.shape[1] - 1)
+        out = torch.empty(idx.numel(), dtype=lower.dtype, device=lower.device)
+        out[order] = lower[smp, cls] + (0.5 * self.sign_) * rest
+        return out.view_as(idx)
+
+    def _row_norms(self, X: torch.Tensor, cls: torch.Tensor, smp: torch.Tensor, start: int,
+                   stop: int) -> torch.Tensor:
+        """``sum_{start < i <= stop} (A_ci x + b_ci)^2`` of the pairs ``(cls, smp)``, sorted by class.
+
+        Classes go ``_RESCORE_CLASSES`` at a time: one batched GEMM of their rows (a view, never
+        a copy: gathering rows costs more than the products) against their samples, padded to
+        the largest count among them.
+        """
+        C, d = self.rows_.shape[0], X.shape[1]
+        out = torch.zeros(len(cls), dtype=X.dtype, device=X.device)
+        counts = torch.bincount(cls, minlength=C)
+        first = torch.cumsum(counts, 0) - counts
+        starts = list(range(0, C, _RESCORE_CLASSES)) + [C]
+        offsets = torch.searchsorted(cls, torch.tensor(starts, device=cls.device)).tolist()
+        rows, bias = self.rows_[:, 1 + start:1 + stop], self.bias_[:, 1 + start:1 + stop]
+        n, width = X.shape[0], stop - start
+        for c0, c1, p0, p1 in zip(starts, starts[1:], offsets, offsets[1:]):
+            if p0 == p1:
+                continue
+            member, samples = cls[p0:p1] - c0, smp[p0:p1]
+            most = int(counts[c0:c1].max())
+            if most >= _DENSE_SHARE * n:
+                Z = torch.addmm(bias[c0:c1].reshape(-1), X, rows[c0:c1].reshape(-1, d).T)
+                Z = Z.view(n * (c1 - c0), width).index_select(0, samples * (c1 - c0) + member)
+            else:                                 # padded batched GEMM of the needed samples
+                at = member * most + torch.arange(p0, p1, device=cls.device) - first[cls[p0:p1]]
+                Xg = X.new_zeros((c1 - c0) * most, d).index_copy_(0, at, X.index_select(0, samples))
+                Z = torch.baddbmm(bias[c0:c1, None], Xg.view(c1 - c0, most, d),
+                                  rows[c0:c1].transpose(1, 2))
+                Z = Z.view(-1, width).index_select(0, at)
+            out[p0:p1] = torch.linalg.vecdot(Z, Z)
+        return out
 
     def _extra_memory(self) -> dict[str, int]:
         cache = getattr(self, "_eig_cache", {})
@@ -317,7 +387,8 @@ class LRRGDA(GaussianHead):
         report = {"eigenpair_cache": 0 if borrowed else
                   sum(u.nbytes + s.nbytes for _, u, s in cache.values())}
         if hasattr(self, "_screen_cache"):
-            report["screening_rows"] = self._screen_cache[1].nbytes + self._screen_cache[2].nbytes
+            report["screening_rows"] = sum(t.nbytes for t in self._screen_cache.values()
+                                           if isinstance(t, torch.Tensor))
         if hasattr(self, "kappa_"):
             report["pruning_bounds"] = sum(t.nbytes for t in (
                 self.kappa_, self.mean_precision_, self.base_whitener_, self.linear_bias_))
