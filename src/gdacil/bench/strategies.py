@@ -224,27 +224,27 @@ def summarize(cfg: StrategiesBenchConfig, out: Path, walls: dict) -> dict:
             "drift": _drift_summary(diag[str(seeds[0])]) if diag else None}
     summary = {"config": asdict(cfg), "machine": machine_info(), "strategies": strategies,
                "base_config": BASE_CONFIG, "missing_runs": missing}
+    seed = str(cfg.seeds[0])
     if cfg.sensitivity and not _finished(out, "hopdc-sensitivity"):
         missing.append("hopdc-sensitivity")
     elif cfg.sensitivity:
         res = _results(out, "hopdc-sensitivity")
-        seed = str(cfg.seeds[0])
-        summary["sensitivity"] = {
-            track: {"last_acc": res["seeds"][seed][f"{track}/lr_rgda"]["last_acc"],
-                    "inc_acc": res["seeds"][seed][f"{track}/lr_rgda"]["inc_acc"]}
-            for track in sensitivity_tracks(cfg)}
+        summary["sensitivity"] = _lr_rgda_cells(res, seed, sensitivity_tracks(cfg))
         summary["sensitivity_wall_min"] = _wall_min(walls, "hopdc-sensitivity")
     if cfg.moments and not _finished(out, "hopdc-moments"):
         missing.append("hopdc-moments")
     elif cfg.moments:
         res = _results(out, "hopdc-moments")
-        seed = str(cfg.seeds[0])
-        summary["moments"] = {
-            "cells": {track: {k: res["seeds"][seed][f"{track}/lr_rgda"][k]
-                              for k in ("last_acc", "inc_acc")} for track in MOMENT_TRACKS},
-            "drift": _drift_summary(res["drift_diagnostics"][seed]),
-            "wall_min": _wall_min(walls, "hopdc-moments")}
+        summary["moments"] = {"cells": _lr_rgda_cells(res, seed, MOMENT_TRACKS),
+                              "drift": _drift_summary(res["drift_diagnostics"][seed]),
+                              "wall_min": _wall_min(walls, "hopdc-moments")}
     return summary
+
+
+def _lr_rgda_cells(results: dict, seed: str, tracks) -> dict:
+    """Last-Acc and Inc-Acc of the LR-RGDA head on each track of a one-seed run."""
+    return {track: {key: results["seeds"][seed][f"{track}/lr_rgda"][key]
+                    for key in ("last_acc", "inc_acc")} for track in tracks}
 
 
 def _wall_min(walls: dict, name: str) -> float | None:
