@@ -18,7 +18,7 @@ def test_every_planned_run_is_a_valid_experiment(tmp_path):
     cfg = bench.StrategiesBenchConfig()
     runs = bench.plan_runs(cfg, tmp_path)
     names = [r.name for r in runs]
-    assert len(names) == len(set(names)) == 8 + 4 + 2
+    assert len(names) == len(set(names)) == 8 + 4 + 3 + 1
     assert names[:8] == [f"{s}-seed1993" for s in bench.ALL_STRATEGIES] and names[-1] == "hopdc-sensitivity"
     assert {"seqft-seed1995", "lora_seqkd-seed1994", "hopdc-sensitivity"} <= set(names)
     for run in runs:
@@ -31,8 +31,9 @@ def test_every_planned_run_is_a_valid_experiment(tmp_path):
             assert len(exp.compensators) == 2 + len(cfg.tau) + len(cfg.topk) + len(cfg.n_anchors)
             assert exp.compensators["k=all"]["topk"] is None
             continue
-        if run.name == "hopdc-moments":
-            assert list(exp.heads) == ["lr_rgda"] and exp.drift_diagnostics
+        if run.name.startswith("hopdc-moments"):
+            assert list(exp.heads) == ["lr_rgda"]
+            assert exp.drift_diagnostics == (run.name == "hopdc-moments-seed1993")
             assert exp.compensators["hopdc_matched"]["match_moments"] is True
             assert exp.build_strategy().config.name == "seqft"
             continue
@@ -68,7 +69,7 @@ def _fake_results(out, name, seed, tracks, heads, base):
     run_dir = out / "runs" / name
     run_dir.mkdir(parents=True)
     payload = {"seeds": {str(seed): per}}
-    if name in ("seqft-seed1993", "hopdc-moments"):
+    if name in ("seqft-seed1993", "hopdc-moments-seed1993"):
         compensated = sorted(t for t in tracks if t != "none")
         payload["drift_diagnostics"] = {str(seed): [
             {"task": t, **{track: {"mean_rel_error": e, "cov_rel_error": 2 * e, "w2": 3 * e,
@@ -81,14 +82,15 @@ def _fake_results(out, name, seed, tracks, heads, base):
 
 def test_summary_averages_seeds_and_renders_every_table(tmp_path):
     cfg = bench.StrategiesBenchConfig(strategies=("frozen", "seqft"),
-                                      extra_seeds={"seqft": (1994,)})
+                                      extra_seeds={"seqft": (1994,)}, moment_seeds=(1993, 1994))
     walls = {}
     for run in bench.plan_runs(cfg, tmp_path):
         seed = int(run.name.rsplit("seed", 1)[1]) if "-seed" in run.name else 1993
         if run.name == "hopdc-sensitivity":
             _fake_results(tmp_path, run.name, seed, bench.sensitivity_tracks(cfg), ["lr_rgda"], 0.5)
-        elif run.name == "hopdc-moments":
-            _fake_results(tmp_path, run.name, seed, bench.MOMENT_TRACKS, ["lr_rgda"], 0.4)
+        elif run.name.startswith("hopdc-moments"):
+            _fake_results(tmp_path, run.name, seed, bench.MOMENT_TRACKS, ["lr_rgda"],
+                          0.4 if seed == 1993 else 0.5)
         else:
             _fake_results(tmp_path, run.name, seed, bench.TRACKS, bench.HEADS,
                           0.6 if seed == 1993 else 0.7)
@@ -107,9 +109,10 @@ def test_summary_averages_seeds_and_renders_every_table(tmp_path):
     assert "| default |" in text
     assert "| frozen | not recorded |" in text and "| seqft | 2.0, 2.0 |" in text
     moments = summary["moments"]
-    assert moments["cells"]["hopdc_matched"]["last_acc"] == pytest.approx(0.43)
+    assert moments["seeds"] == [1993, 1994] and moments["drift_seed"] == 1993
+    assert moments["cells"]["hopdc_matched"]["last_acc"]["mean"] == pytest.approx(0.48)
     assert moments["drift"]["hopdc_matched"]["last_cov_rel_error"] == 8.0
-    assert "| hopdc_matched | 43.00 | 50.00 | 4 | 8 | 6 |" in text
+    assert "| hopdc_matched | 48.00 ±" in text and "| 4 | 8 | 6 |" in text
     bench.plot(summary, tmp_path)
     assert (tmp_path / "strategies.png").stat().st_size > 0
     assert (tmp_path / "hopdc_sensitivity.png").stat().st_size > 0
@@ -117,10 +120,10 @@ def test_summary_averages_seeds_and_renders_every_table(tmp_path):
 
 def test_summary_of_a_stopped_benchmark_lists_the_missing_runs(tmp_path):
     cfg = bench.StrategiesBenchConfig(strategies=("frozen", "seqft"),
-                                      extra_seeds={"seqft": (1994,)})
+                                      extra_seeds={"seqft": (1994,)}, moment_seeds=(1993,))
     _fake_results(tmp_path, "frozen-seed1993", 1993, bench.TRACKS, bench.HEADS, 0.6)
     summary = bench.run(cfg, tmp_path, log=lambda *_: None, summarize_only=True)
     assert list(summary["strategies"]) == ["frozen"]
     assert summary["missing_runs"] == ["seqft-seed1993", "seqft-seed1994", "hopdc-sensitivity",
-                                       "hopdc-moments"]
+                                       "hopdc-moments-seed1993"]
     assert "`seqft-seed1994`" in (tmp_path / "strategies.md").read_text()
