@@ -4,8 +4,10 @@ Every Stage-1 strategy fine-tunes all-MiniLM-L6-v2 on 100 WordNet hypernym class
 of 10 (the shipped ``offline-wordnet-seqft`` experiment). One backbone trajectory per strategy
 and seed feeds every compensator track (``none``, ``sldc`` = alpha1-SLDC, ``hopdc``) and every
 head (LDA, the SGD head, LR-RGDA), so the expensive part runs once per (strategy, seed). SeqFT
-and LoRA-SeqKD run with three seeds. A last run sweeps HopDC's temperature ``tau``, its sparsity
-``k`` and the number ``N`` of external anchors on one SeqFT trajectory (LR-RGDA head only).
+and LoRA-SeqKD run with three seeds. Three more SeqFT runs set HopDC with moment-matched
+pseudo-samples (``match_moments=True``, not in the paper) against the paper's HopDC and
+alpha1-SLDC, and a last run sweeps HopDC's temperature ``tau``, its sparsity ``k`` and the
+number ``N`` of external anchors on one SeqFT trajectory (these runs: LR-RGDA head only).
 
 Each run is a ``gdacil run`` in its own process (``--jobs`` at a time, ``--threads`` torch
 threads each) writing under ``OUT/runs/<run>/``; an interrupted benchmark continues where it
