@@ -127,3 +127,13 @@ def test_summary_of_a_stopped_benchmark_lists_the_missing_runs(tmp_path):
     assert summary["missing_runs"] == ["seqft-seed1993", "seqft-seed1994", "hopdc-sensitivity",
                                        "hopdc-moments-seed1993"]
     assert "`seqft-seed1994`" in (tmp_path / "strategies.md").read_text()
+
+
+def test_single_seed_drops_every_extra_seed(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(bench, "run", lambda cfg, out, **kw: seen.update(cfg=cfg, **kw))
+    bench.main(["--single-seed", "--summarize-only", "--strategies", "seqft"])
+    cfg = seen["cfg"]
+    assert cfg.extra_seeds == {} and cfg.moment_seeds == (1993,) and seen["summarize_only"]
+    names = [r.name for r in bench.plan_runs(cfg, bench.Path("/tmp/x"))]
+    assert names == ["seqft-seed1993", "hopdc-moments-seed1993", "hopdc-sensitivity"]

@@ -404,7 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=30, help="training steps per task (default 30)")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
-    p.add_argument("--single-seed", action="store_true", help="no extra seeds for any strategy")
+    p.add_argument("--single-seed", action="store_true",
+                   help="one seed for every strategy and for the moment-matching runs")
     p.add_argument("--no-sensitivity", action="store_true", help="skip the HopDC sweep")
     p.add_argument("--cache-dir", help="feature cache (default: the experiment's)")
     p.add_argument("--summarize-only", action="store_true",
@@ -414,6 +415,6 @@ def main(argv: list[str] | None = None) -> int:
                                 jobs=args.jobs, threads=args.threads,
                                 sensitivity=not args.no_sensitivity, cache_dir=args.cache_dir)
     if args.single_seed:
-        cfg.extra_seeds = {}
+        cfg.extra_seeds, cfg.moment_seeds = {}, cfg.moment_seeds[:1]
     run(cfg, Path(args.out), summarize_only=args.summarize_only)
     return 0
