@@ -240,7 +240,7 @@ def summarize(cfg: StrategiesBenchConfig, out: Path, walls: dict) -> dict:
     missing += [name for name in names.values() if not _finished(out, name)]
     done = {seed: _results(out, name) for seed, name in names.items() if _finished(out, name)}
     if done:
-        first = min(done, key=cfg.moment_seeds.index)
+        first = next(iter(done))                   # in moment_seeds order
         per_seed = {seed: _lr_rgda_cells(res, str(seed), MOMENT_TRACKS) for seed, res in done.items()}
         summary["moments"] = {
             "seeds": list(done),
