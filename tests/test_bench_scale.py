@@ -30,9 +30,12 @@ def test_quick_inline_run_reports_every_figure(tmp_path):
     assert [r["classes"] for r in rows] == list(bench.QUICK.classes)
     for r in rows:
         assert "error" not in r
-        for k in (1, bench.QUICK.topk):  # exact pruning
-            assert r[f"top{k}"]["equal_to_dense"]
-            assert 0 < r[f"top{k}"]["pairs_scored_fraction"] <= 1
+        # exact pruning for the argmax and the top-k, with the head's own and a lowered screening
+        assert [(p["k"], p["screen_dtype"]) for p in r["pruned"]] == [
+            (k, screen) for k in (1, bench.QUICK.topk) for screen in ("bfloat16", "float32")]
+        for p in r["pruned"]:
+            assert p["equal_to_dense"], p
+            assert 0 < p["pairs_scored_fraction"] <= 1
         assert r["build_s"] == pytest.approx(r["compress_s"] + r["fit_s"])
         assert r["decomposed_on_refit"] == 0  # the stored eigenpairs are reused
         d, q = bench.QUICK.dim, bench.QUICK.rank

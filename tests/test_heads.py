@@ -415,43 +415,129 @@ def test_sgd_head_samples_singular_covariances_without_warnings():
 
 
 # ------------------------------------------------------------------ exact top-k with pruning
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("spread", [0.5, 4.0])  # overlapping and well-separated classes
-def test_pruned_top_k_equals_dense_top_k(dtype, spread):
-    g = torch.Generator().manual_seed(0)
-    d, C = 24, 40
-    means = spread * torch.randn(C, d, generator=g, dtype=torch.float64)
+def pruning_problem(spread=4.0, offset=0.0, d=24, C=40, seed=0):
+    """Classes with decaying spectra; ``offset`` shifts every feature (real features are not centred)."""
+    g = torch.Generator().manual_seed(seed)
+    means = spread * torch.randn(C, d, generator=g, dtype=torch.float64) + offset
     X = torch.cat([means[c] + torch.randn(30, d, generator=g, dtype=torch.float64)
                    @ torch.diag(torch.linspace(2.0, 0.1, d, dtype=torch.float64)) for c in range(C)])
     y = torch.arange(C).repeat_interleave(30)
-    head = LRRGDA(rank=6, dtype=dtype).fit(ClassGaussians(d).update(X, y))
     queries = X[::7] + 0.1 * torch.randn(len(X[::7]), d, generator=g, dtype=torch.float64)
+    return ClassGaussians(d).update(X, y), queries
+
+
+# every screening precision each head dtype accepts: its own and the lower ones
+SCREENINGS = [(torch.float64, torch.float64), (torch.float64, torch.float32),
+              (torch.float64, torch.bfloat16), (torch.float32, torch.float32),
+              (torch.float32, torch.bfloat16)]
+
+
+@pytest.mark.parametrize(("dtype", "screen_dtype"), SCREENINGS)
+@pytest.mark.parametrize("spread", [0.5, 4.0])  # overlapping and well-separated classes
+def test_pruned_top_k_equals_dense_top_k(dtype, screen_dtype, spread):
+    stats, queries = pruning_problem(spread)
+    head = LRRGDA(rank=6, dtype=dtype).fit(stats)
     dense_scores, dense_labels = head.top_k(queries, 5, pruned=False)
     assert torch.equal(dense_labels[:, 0], head.predict(queries))
     for screen_rank in (0, 2, 5):
-        scores, labels = head.top_k(queries, 5, screen_rank=screen_rank, sample_batch=16)
+        scores, labels = head.top_k(queries, 5, screen_rank=screen_rank, sample_batch=16,
+                                    screen_dtype=screen_dtype)
         assert torch.equal(labels, dense_labels)
         # the remaining rows are added to the screened part: rounding at the scale of the scores
         scale = float(dense_scores.abs().max()) * torch.finfo(dtype).eps
         torch.testing.assert_close(scores, dense_scores, rtol=0, atol=64 * scale)
     if spread == 4.0:
         assert head.last_pruning_["pairs_scored_fraction"] < 0.5
+        assert head.last_pruning_["screen_dtype"] == str(screen_dtype).removeprefix("torch.")
+
+
+@pytest.mark.parametrize(("dtype", "screen_dtype"), SCREENINGS)
+@pytest.mark.parametrize("offset", [0.0, 300.0])
+def test_screening_bounds_enclose_the_exact_scores(dtype, screen_dtype, offset):
+    """lower <= the exact score after j rows, and the exact full score <= upper, for every pair:
+    computed in float64 from the head's own rows, with a lowered screening's rounding included."""
+    stats, queries = pruning_problem(2.0, offset=offset, d=32, C=30)
+    head = LRRGDA(rank=8, dtype=dtype).fit(stats)
+    X = head._prepare(queries)
+    j = 3
+    lin, lower, upper, _, margin = head._bounds(X, j, screen_dtype)
+    rows, bias = head.rows_.double(), head.bias_.double()
+    Z = torch.einsum("cid,nd->nci", rows, X.double()) + bias
+    partial = Z[:, :, 0] + 0.5 * Z[:, :, 1:1 + j].square().sum(2)
+    full = Z[:, :, 0] + 0.5 * Z[:, :, 1:].square().sum(2)
+    assert (lower.double() <= partial + margin).all()
+    assert (full <= upper.double() + margin).all()
+    torch.testing.assert_close(lin.double(), Z[:, :, 0], rtol=0, atol=float(margin.max()))
+    if screen_dtype != dtype:
+        # the rounding allowance is a small part of the pruning slack, even far from the origin
+        _, exact_lower, exact_upper, _, _ = head._bounds(X, j, dtype)
+        allowance = (upper - exact_upper).double().abs()
+        slack = (exact_upper - exact_lower).double()
+        assert float(allowance.median()) < 0.2 * float(slack.median())
+
+
+def test_lowered_screening_prunes_nearly_as_well():
+    stats, queries = pruning_problem(4.0, offset=50.0)
+    head = LRRGDA(rank=6, dtype=torch.float32).fit(stats)
+    fractions = {}
+    for screen_dtype in (torch.float32, torch.bfloat16):
+        head.top_k(queries, 1, screen_rank=2, screen_dtype=screen_dtype)
+        fractions[screen_dtype] = head.last_pruning_["pairs_scored_fraction"]
+    assert fractions[torch.bfloat16] <= 1.5 * fractions[torch.float32] + 0.01
+
+
+@pytest.mark.parametrize(("dtype", "exact"), [(torch.bfloat16, torch.float32),
+                                               (torch.float32, torch.float64)])
+def test_lowered_gemm_error_bounds_real_products(dtype, exact):
+    from gdacil.heads.lowrank import _lowered_gemm_error
+
+    g = torch.Generator().manual_seed(3)
+    d = 768
+    # same-signed entries: no cancellation to hide the accumulated rounding
+    a = torch.rand(64, d, generator=g, dtype=torch.float64).to(exact) * 3.0
+    x = (torch.rand(32, d, generator=g, dtype=torch.float64) + 2.0).to(exact)
+    computed = (x.to(dtype) @ a.to(dtype).T).double()
+    true = x.double() @ a.double().T
+    bound = _lowered_gemm_error(dtype, exact, d) * x.double().norm(dim=1, keepdim=True) * a.double().norm(dim=1)
+    assert ((computed - true).abs() <= bound).all()
+    assert float(((computed - true).abs() / bound).max()) > 1e-3   # a bound of this rounding
+
+
+@pytest.mark.parametrize(("native", "dtype", "expected"), [
+    (True, torch.float32, "bfloat16"), (False, torch.float32, "float32"),
+    (True, torch.float64, "float32"), (False, torch.float64, "float32")])
+def test_auto_screening_precision_follows_the_cpu(monkeypatch, native, dtype, expected):
+    for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        monkeypatch.setattr(torch.cpu, name, lambda: native, raising=False)
+    stats, queries = pruning_problem()
+    head = LRRGDA(rank=6, dtype=dtype).fit(stats)
+    head.top_k(queries, 1, screen_rank=2)
+    assert head.last_pruning_["screen_dtype"] == expected
+
+
+@pytest.mark.parametrize("bad", [torch.float16, "float64", "double precision", torch.int32])
+def test_screening_precision_rejects_what_it_cannot_certify(bad):
+    stats, queries = pruning_problem()
+    head = LRRGDA(rank=6, dtype=torch.float32).fit(stats)
+    with pytest.raises(ValueError, match="screen_dtype"):
+        head.top_k(queries, 1, screen_rank=2, screen_dtype=bad)
 
 
 @pytest.mark.parametrize("dense_share", [0.0, 2.0])  # every class group scored densely / gathered
-def test_pruned_rounds_score_pairs_like_a_direct_computation(monkeypatch, dense_share):
+@pytest.mark.parametrize("present", [0.4, 0.1])      # most classes have pairs / a scattered few
+def test_pruned_rounds_score_pairs_like_a_direct_computation(monkeypatch, dense_share, present):
     from gdacil.heads import lowrank
 
     monkeypatch.setattr(lowrank, "_DENSE_SHARE", dense_share)
     monkeypatch.setattr(lowrank, "_RESCORE_CLASSES", 3)   # groups that split the class range
     g = torch.Generator().manual_seed(1)
-    d, C = 12, 11
+    d, C = 12, 31
     X = torch.randn(C * 20, d, generator=g, dtype=torch.float64) * torch.linspace(2, 0.2, d)
     y = torch.arange(C).repeat_interleave(20)
     head = LRRGDA(rank=5).fit(ClassGaussians(d).update(X + 3 * torch.randn(C, d, generator=g,
                                                                       dtype=torch.float64)[y], y))
     queries = torch.randn(9, d, generator=g, dtype=torch.float64)
-    pairs = torch.rand(C, 9, generator=g) < 0.4                   # some classes get no pair
+    pairs = torch.rand(C, 9, generator=g) < present              # some classes get no pair
     cls, smp = pairs.nonzero(as_tuple=True)
     got = head._row_norms(queries, cls, smp, 1, 4)
     Z = torch.einsum("pid,pd->pi", head.rows_[cls, 2:5], queries[smp]) + head.bias_[cls, 2:5]
@@ -479,5 +565,9 @@ def test_pruned_top_k_equals_dense_top_k_on_real_features():
     for dtype in (torch.float64, torch.float32):
         head = LRRGDA(rank=16, dtype=dtype).fit(stats)
         dense_scores, dense_labels = head.top_k(X, 5, pruned=False)
-        scores, labels = head.top_k(X, 5, screen_rank=4, sample_batch=64)
-        assert torch.equal(labels, dense_labels)
+        for screen_dtype in (dtype, torch.bfloat16):
+            scores, labels = head.top_k(X, 5, screen_rank=4, sample_batch=64,
+                                        screen_dtype=screen_dtype)
+            assert torch.equal(labels, dense_labels)
+            scale = float(dense_scores.abs().max()) * torch.finfo(dtype).eps
+            torch.testing.assert_close(scores, dense_scores, rtol=0, atol=64 * scale)

@@ -19,6 +19,8 @@ Row ``i`` of ``A_c`` is ``sqrt(kappa_ci)`` times a unit direction in ``B``-white
 ``kappa_ci = sigma_ci^2 / (1 + sigma_ci^2) < 1`` descending. That ordering is what exact pruned
 inference (:meth:`LRRGDA.top_k`) uses: the first ``j`` rows give a lower bound of the quadratic
 term and, with ``kappa_{c,j+1}`` times the rest of the ``B``-Mahalanobis distance, an upper bound.
+Those first rows may be computed in a lower precision (bfloat16 under a float32 head): the bounds
+widen by an a-priori bound of the rounding error, so the pruned result stays exact.
 """
 
 from __future__ import annotations
@@ -34,11 +36,43 @@ from .rgda import PAPER_ALPHAS, check_alphas
 
 __all__ = ["LRRGDA"]
 
-#: Consecutive classes per batched GEMM when the pruned top-k finishes its candidate pairs
+#: Classes (of those with candidate pairs) per batched GEMM when the pruned top-k scores its pairs
 _RESCORE_CLASSES = 16
 #: ... scored against every sample (one plain GEMM, no gather) when one of them needs at least
 #: this share of the samples: a padded, gathered GEMM then costs more
 _DENSE_SHARE = 1 / 3
+
+
+def _fast_screen_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The lower precision that screens faster than ``dtype`` on ``device``, else ``dtype``."""
+    if device.type != "cpu":
+        return dtype
+    if dtype == torch.float64:
+        return torch.float32
+    native_bf16 = any(getattr(torch.cpu, name, lambda: False)()
+                      for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    return torch.bfloat16 if dtype == torch.float32 and native_bf16 else dtype
+
+
+def _lowered_gemm_error(dtype: torch.dtype, exact: torch.dtype, dim: int) -> float:
+    """``eps`` with ``|fl(a^T x) - a^T x| <= eps ||a|| ||x||`` for a dot product of length ``dim``
+    computed from ``exact``-precision inputs rounded to ``dtype``, accumulated in float32 and
+    rounded to ``dtype``, where ``x`` itself was rounded once in ``exact`` precision (centring).
+
+    Input rounding, accumulation (``gamma_dim``) and output rounding compose to
+    ``(1 + u)^3 (1 + gamma) - 1`` of ``sum |a_i x_i| <= ||a|| ||x||``; the 1% on top covers
+    the computed norms."""
+    u, v = torch.finfo(dtype).eps / 2, torch.finfo(exact).eps / 2
+    gamma = dim * 2.0 ** -24 / (1.0 - dim * 2.0 ** -24)
+    return 1.01 * ((1.0 + u) ** 3 * (1.0 + gamma) - 1.0 + 2.0 * v)
+
+
+def _row_products(rows: torch.Tensor, x: torch.Tensor, block: int = 1024) -> torch.Tensor:
+    """``rows @ x`` for rows ``(C, j, d)``, accumulated in float64, in the rows' dtype."""
+    out = torch.empty(rows.shape[:2], dtype=rows.dtype, device=rows.device)
+    for a in range(0, rows.shape[0], block):
+        out[a:a + block] = (rows[a:a + block].double() @ x.double()).to(rows.dtype)
+    return out
 
 
 class LRRGDA(GaussianHead):
@@ -205,28 +239,28 @@ class LRRGDA(GaussianHead):
         mean_precision = (mu * B_inv_mu).sum(1)
         bias[:, 0] = (-0.5 * mean_precision - 0.5 * (logdet_B + logdet_M)
                       + log_priors.to(self.device_))
-        self._bounds = {"kappa_": kappa, "mean_precision_": mean_precision,
-                        "base_whitener_": L_B_inv}
+        self._fitted_bounds = {"kappa_": kappa, "mean_precision_": mean_precision,
+                        "base_whitener_": L_B_inv, "center_": mu.mean(0)}
         return rows, bias, 1.0
 
     def fit(self, stats: ClassGaussians) -> "LRRGDA":
         self.__dict__.pop("_screen_cache", None)
         super().fit(stats)
-        for name, value in self._bounds.items():
+        for name, value in self._fitted_bounds.items():
             setattr(self, name, value.to(device=self.device_, dtype=self.dtype))
-        del self._bounds
+        del self._fitted_bounds
         self.linear_bias_ = self.bias_[:, 0].contiguous()
         return self
 
     # ------------------------------------------------------- pruned inference
     def top_k(self, X, k: int = 5, *, pruned: bool = True, screen_rank: int = 4,
-              sample_batch: int = 2048):
+              screen_dtype="auto", sample_batch: int = 2048):
         """The ``k`` best classes of every sample and their scores, exactly as the dense scores rank them.
 
         With ``pruned=True`` the full quadratic term is computed only where it can matter. A
-        screening GEMM against the linear row and the first ``screen_rank`` (``j``) quadratic
-        rows of every class gives, with ``m_c`` the ``B``-Mahalanobis distance of ``x`` to
-        ``mu_c`` (which follows from the linear score)::
+        screening pass computes every class's linear score and its first ``screen_rank``
+        (``j``) quadratic rows, which give, with ``m_c`` the ``B``-Mahalanobis distance of
+        ``x`` to ``mu_c`` (which follows from the linear score)::
 
             lower_c = w_c^T x + b_c + 1/2 ||A_c[:j] (x - mu_c)||^2
             upper_c = lower_c + 1/2 kappa_{c,j+1} m_c
@@ -236,12 +270,35 @@ class LRRGDA(GaussianHead):
         whose upper bound reaches the floor (less a margin for rounding) then gets its remaining
         rows in rounds (``j -> 3j -> ... -> r`` rows), and after each round the pairs whose
         tightened bounds fall short are dropped. Rounds run class by class in batched GEMMs
-        over just the samples that need each class. ``last_pruning_`` reports the fraction of
-        (sample, class) pairs that passed screening and of classes any sample needed.
+        over just the samples that need each class.
+
+        The screening's quadratic rows may run in a lower precision than the head
+        (``screen_dtype``): their rounding error is bounded a priori (input rounding, float32
+        accumulation and output rounding, with Cauchy-Schwarz over the centred sample) and the
+        bounds widen by it, so the result stays exact; every score that decides the output is
+        computed in the head's dtype. On CPUs with native bfloat16 dot products this halves the
+        cost of screening a float32 head.
+
+        Parameters
+        ----------
+        X : array-like ``(n, d)``
+        k : int, default 5
+        pruned : bool, default True
+            ``False`` scores every class densely.
+        screen_rank : int, default 4
+            Quadratic rows per class in the screening pass.
+        screen_dtype : "auto", torch.dtype or str, default "auto"
+            Precision of the screening's quadratic rows: the head's dtype, or on CPU a lower one
+            (``float32`` under a float64 head, ``bfloat16`` under a float32 head). "auto" picks
+            the lower one on CPU where it is fast (bfloat16 needs AVX512-BF16 or AMX).
+        sample_batch : int, default 2048
+            Samples screened at a time (the bounds take a few ``(sample_batch, C)`` buffers).
 
         Returns
         -------
         scores : tensor ``(n, k)``, labels : int64 tensor ``(n, k)``; best first.
+        ``last_pruning_`` reports the fraction of (sample, class) pairs that passed screening,
+        of classes any sample needed, the screening rank and dtype.
         """
         X = self._prepare(X)
         k = check_positive_int(k, "k")
@@ -249,6 +306,7 @@ class LRRGDA(GaussianHead):
         if k > C:
             raise ValueError(f"k = {k} exceeds the number of classes ({C})")
         j = min(check_positive_int(screen_rank, "screen_rank", minimum=0), rows_per_class - 1)
+        screen = self._screen_dtype(screen_dtype) if j else self.dtype
         if not pruned or j == rows_per_class - 1:
             scores, idx = self._decision(X).topk(k, dim=1)
             return scores, self.classes_[idx.cpu()]
@@ -256,75 +314,129 @@ class LRRGDA(GaussianHead):
         out_scores, out_idx, pairs, classes = [], [], 0, 0
         for start in range(0, X.shape[0], sample_batch):
             chunk = X[start:start + sample_batch]
-            scores, idx, n_pairs, n_classes = self._pruned_top_k(chunk, k, j)
+            scores, idx, n_pairs, n_classes = self._pruned_top_k(chunk, k, j, screen)
             out_scores.append(scores)
             out_idx.append(idx)
             pairs += n_pairs
             classes += n_classes * len(chunk)
         self.last_pruning_ = {"pairs_scored_fraction": pairs / (X.shape[0] * C),
                               "classes_scored_fraction": classes / (X.shape[0] * C),
-                              "screen_rank": j}
+                              "screen_rank": j,
+                              "screen_dtype": str(screen).removeprefix("torch.")}
         return torch.cat(out_scores), self.classes_[torch.cat(out_idx).cpu()]
 
-    def _screening(self, j: int) -> dict:
-        """The first ``1 + j`` rows of every class (contiguous) and the per-class constants of
-        the bounds, kept for reuse until the next ``fit``."""
+    def _screen_dtype(self, requested) -> torch.dtype:
+        if isinstance(requested, str) and requested == "auto":
+            return _fast_screen_dtype(self.dtype, self.device_)
+        dtype = getattr(torch, requested, None) if isinstance(requested, str) else requested
+        if dtype == self.dtype:
+            return dtype
+        if dtype not in (torch.float32, torch.bfloat16) or \
+                torch.finfo(dtype).eps <= torch.finfo(self.dtype).eps:
+            raise ValueError(f"screen_dtype must be 'auto', the head's dtype ({self.dtype}) or a "
+                             f"lower precision of float32 and bfloat16; got {requested!r}")
+        if self.device_.type != "cpu":
+            raise ValueError(f"screen_dtype {dtype} is only certified on CPU, where products "
+                             f"accumulate in float32; on {self.device_.type} use the head's dtype")
+        return dtype
+
+    def _screening(self, j: int, dtype: torch.dtype) -> dict:
+        """Rows and per-class constants of the screening pass, kept for reuse until the next ``fit``.
+
+        In a lowered precision the quadratic rows act on the centred sample ``x - x0`` (``x0``
+        the mean of the class means): the rounding error scales with its norm.
+        """
         cached = getattr(self, "_screen_cache", None)
-        if cached is None or cached["j"] != j:
-            cached = {"j": j, "rows": self.rows_[:, : 1 + j].contiguous(),
-                      "bias": self.bias_[:, : 1 + j].contiguous(),
-                      # (x-mu)^T B^-1 (x-mu) = x^T B^-1 x - 2 (lin - b) + mu^T B^-1 mu
-                      "offset": self.mean_precision_ + 2.0 * self.linear_bias_,
-                      # kappa_{c,i+1} / 2 bounds the rest after i rows (0 after all r rows)
-                      "half_kappa": 0.5 * torch.nn.functional.pad(self.kappa_, (0, 1))}
-            self._screen_cache = cached
+        if cached is not None and cached["key"] == (j, dtype):
+            return cached
+        quad = self.rows_[:, 1:1 + j]
+        lowered = dtype != self.dtype
+        bias = self.bias_[:, 1:1 + j]
+        if lowered:
+            bias = bias + _row_products(quad, self.center_)
+        cached = {"key": (j, dtype),
+                  "linear": self.rows_[:, 0].contiguous(),
+                  "quad": quad.to(dtype).contiguous(), "quad_bias": bias.contiguous(),
+                  # (x-mu)^T B^-1 (x-mu) = x^T B^-1 x - 2 (lin - b) + mu^T B^-1 mu
+                  "offset": self.mean_precision_ + 2.0 * self.linear_bias_,
+                  # kappa_{c,i+1} / 2 bounds the rest after i rows (0 after all r rows)
+                  "half_kappa": 0.5 * torch.nn.functional.pad(self.kappa_, (0, 1))}
+        if lowered:
+            # |computed - exact| <= eps ||a|| ||x - x0|| per row, plus the rounding of the
+            # centred bias: over the j rows, ||error|| <= eps ||x - x0|| ||A_c[:j]||_F + beta_c
+            cached["eps"] = _lowered_gemm_error(dtype, self.dtype, self.rows_.shape[2])
+            cached["frobenius"] = torch.linalg.vector_norm(quad, dim=(1, 2))
+            # the centred bias is accurate to float64 products, then rounded to the head's dtype
+            scale = (torch.linalg.vector_norm(bias, dim=1) + torch.linalg.vector_norm(
+                self.bias_[:, 1:1 + j], dim=1) + cached["frobenius"] * self.center_.norm())
+            cached["beta"] = torch.finfo(self.dtype).eps * scale
+            cached["center"] = self.center_
+        self._screen_cache = cached
         return cached
 
-    def _bounds(self, X: torch.Tensor, j: int):
-        """Lower bounds of the scores and ``B``-Mahalanobis distances, both ``(n, C)``, and a
-        per-sample rounding margin ``(n, 1)`` that covers every bound built from them."""
-        screen = self._screening(j)
-        rows, bias, offset = screen["rows"], screen["bias"], screen["offset"]
-        (n, d), C = X.shape, rows.shape[0]
-        lower = torch.empty(n, C, dtype=X.dtype, device=X.device)
-        mahalanobis = torch.empty_like(lower)
-        size = torch.zeros(n, 1, dtype=X.dtype, device=X.device)
+    def _bounds(self, X: torch.Tensor, j: int, dtype: torch.dtype):
+        """Linear scores, lower and upper bounds of the scores (each ``(n, C)``, the upper ones
+        after ``j`` rows), ``x^T B^-1 x`` ``(n, 1)`` and a per-sample rounding margin ``(n, 1)``
+        that covers every bound built from them."""
+        screen = self._screening(j, dtype)
+        (n, d), C = X.shape, self.rows_.shape[0]
+        lowered = "eps" in screen
+        offset, half_kappa = screen["offset"], screen["half_kappa"][:, j]
+        lin = torch.addmm(self.linear_bias_, X, screen["linear"].T)
+        lower, upper = torch.empty_like(lin), torch.empty_like(lin)
         sq_norm = (X @ self.base_whitener_.T).square().sum(1, keepdim=True)   # x^T B^{-1} x
-        block = self._block_size(1 + j, n)
+        centred = X - screen["center"] if lowered else X
+        Xs = centred.to(dtype)
+        if lowered:
+            reach = screen["eps"] * torch.linalg.vector_norm(centred, dim=1, keepdim=True)
+        size = torch.zeros(n, 1, dtype=X.dtype, device=X.device)
+        block = self._block_size(max(j, 1), n)
         for a in range(0, C, block):
             b = min(C, a + block)
-            Z = torch.addmm(bias[a:b].reshape(-1), X, rows[a:b].reshape(-1, d).T
-                            ).view(n, b - a, 1 + j)
-            lin, Q = Z[:, :, 0], Z[:, :, 1:]
-            low = torch.add(lin, torch.linalg.vecdot(Q, Q), alpha=0.5 * self.sign_,
-                            out=lower[:, a:b])
-            torch.add(offset[a:b], lin, alpha=-2.0, out=mahalanobis[:, a:b]
-                      ).add_(sq_norm).clamp_min_(0.0)
+            score = lin[:, a:b]
+            if j:
+                Q = (Xs @ screen["quad"][a:b].reshape(-1, d).T).view(n, b - a, j).to(X.dtype)
+                half_sq = torch.linalg.vecdot(Q, Q.add_(screen["quad_bias"][a:b])).mul_(0.5)
+                score = half_sq + score                       # lin + 1/2 ||A_c[:j] (x - mu_c)||^2
+            distance = torch.add(offset[a:b], lin[:, a:b], alpha=-2.0).add_(sq_norm).clamp_min_(0.0)
+            torch.addcmul(score, half_kappa[a:b], distance, out=upper[:, a:b])
+            if lowered and j:
+                # with e bounding the error of q = A_c[:j] (x - mu_c), 1/2 (||q|| -/+ e)^2
+                # bound 1/2 ||q_exact||^2; expanded: 1/2 ||q||^2 -/+ e ||q|| (+ e^2 / 2)
+                err = torch.addcmul(screen["beta"][a:b], reach, screen["frobenius"][a:b])
+                spread = half_sq.mul_(2.0).sqrt_().mul_(err)
+                torch.sub(score, spread, out=lower[:, a:b])
+                upper[:, a:b] += spread.add_(err.square_().mul_(0.5))
+            else:
+                lower[:, a:b] = score
             # every term above is a sum of terms no larger than these magnitudes
-            size = torch.maximum(size, low.abs().amax(1, keepdim=True)
-                                 + 2.0 * lin.abs().amax(1, keepdim=True)
+            size = torch.maximum(size, score.abs().amax(1, keepdim=True)
+                                 + 2.0 * lin[:, a:b].abs().amax(1, keepdim=True)
                                  + offset[a:b].abs().max())
         margin = 64 * torch.finfo(self.dtype).eps * (size + sq_norm)
-        return lower, mahalanobis, margin
+        return lin, lower, upper, sq_norm, margin
 
-    def _pruned_top_k(self, X: torch.Tensor, k: int, j: int):
+    def _pruned_top_k(self, X: torch.Tensor, k: int, j: int, dtype: torch.dtype):
         """Screen with ``j`` rows, then add rows in rounds (``j -> 3j -> ... -> r``) to the
         pairs whose upper bound still reaches the ``k``-th best lower bound of their sample."""
-        lower, mahalanobis, margin = self._bounds(X, j)
-        r, half_kappa = self.rows_.shape[1] - 1, self._screening(j)["half_kappa"]
+        lin, lower, upper, sq_norm, margin = self._bounds(X, j, dtype)
+        screen = self._screening(j, dtype)
+        r, half_kappa = self.rows_.shape[1] - 1, screen["half_kappa"]
         # the exact scores of the k best lower bounds: k classes score at least their minimum
-        floor = self._exact_scores(X, lower, lower.topk(k, dim=1).indices, j).amin(1, keepdim=True)
+        floor = self._exact_scores(X, lin, lower.topk(k, dim=1).indices).amin(1, keepdim=True)
         threshold = floor - 2.0 * margin        # bounds and threshold carry one margin each
-        # the rest of the quadratic term is at most kappa_{j+1} / 2 times the distance
-        cls, smp = (torch.addcmul(lower, half_kappa[:, j], mahalanobis) >= threshold
-                    ).T.nonzero(as_tuple=True)                           # sorted by class
+        cls, smp = (upper >= threshold).T.nonzero(as_tuple=True)        # sorted by class
+        del upper
         scored, classes = len(smp), len(torch.unique_consecutive(cls))
-        low, dist = lower[smp, cls], mahalanobis[smp, cls]
-        done = j
+        dist = (sq_norm[smp, 0] - 2.0 * lin[smp, cls] + screen["offset"][cls]).clamp_min_(0.0)
+        # a lowered screening only decided which pairs go on: their rows are scored afresh
+        done = 0 if "eps" in screen else j
+        low = (lower if done else lin)[smp, cls]
+        stop = j
         while done < r:
-            step = min(r, max(4, 3 * done))
-            low += (0.5 * self.sign_) * self._row_norms(X, cls, smp, done, step)
-            done = step
+            stop = min(r, max(4, 3 * stop))
+            low += 0.5 * self._row_norms(X, cls, smp, done, stop)
+            done = stop
             if done == r:
                 break
             lower[smp, cls] = low                          # still lower bounds, now tighter
@@ -336,48 +448,52 @@ class LRRGDA(GaussianHead):
         best, idx = scores.topk(k, dim=1)
         return best, idx, scored, classes
 
-    def _exact_scores(self, X: torch.Tensor, lower: torch.Tensor, idx: torch.Tensor, j: int
-                      ) -> torch.Tensor:
-        """Scores ``(n, k)`` of the classes ``idx`` ``(n, k)``: their lower bounds after ``j``
-        rows plus the remaining rows."""
+    def _exact_scores(self, X: torch.Tensor, lin: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """Scores ``(n, k)`` of the classes ``idx`` ``(n, k)``, from their linear scores ``lin``."""
         smp = torch.arange(len(idx), device=idx.device).repeat_interleave(idx.shape[1])
         order = torch.argsort(idx.reshape(-1), stable=True)
         cls, smp = idx.reshape(-1)[order], smp[order]
-        rest = self._row_norms(X, cls, smp, j, self.rows_.shape[1] - 1)
-        out = torch.empty(idx.numel(), dtype=lower.dtype, device=lower.device)
-        out[order] = lower[smp, cls] + (0.5 * self.sign_) * rest
+        quad = self._row_norms(X, cls, smp, 0, self.rows_.shape[1] - 1)
+        out = torch.empty(idx.numel(), dtype=lin.dtype, device=lin.device)
+        out[order] = lin[smp, cls] + 0.5 * quad
         return out.view_as(idx)
 
     def _row_norms(self, X: torch.Tensor, cls: torch.Tensor, smp: torch.Tensor, start: int,
                    stop: int) -> torch.Tensor:
         """``sum_{start < i <= stop} (A_ci x + b_ci)^2`` of the pairs ``(cls, smp)``, sorted by class.
 
-        Classes go ``_RESCORE_CLASSES`` at a time: one batched GEMM of their rows (a view, never
-        a copy: gathering rows costs more than the products) against their samples, padded to
-        the largest count among them.
+        The classes that have pairs go ``_RESCORE_CLASSES`` at a time: one batched GEMM of
+        their rows against their samples, gathered into a block padded to the largest count
+        among them. The rows are a view of the head's (no copy) when the classes are mostly
+        consecutive; copying them costs more than the products, so only the rows of scattered
+        classes are gathered, where a view would read every class in between.
         """
-        C, d = self.rows_.shape[0], X.shape[1]
-        out = torch.zeros(len(cls), dtype=X.dtype, device=X.device)
-        counts = torch.bincount(cls, minlength=C)
-        first = torch.cumsum(counts, 0) - counts
-        starts = list(range(0, C, _RESCORE_CLASSES)) + [C]
-        offsets = torch.searchsorted(cls, torch.tensor(starts, device=cls.device)).tolist()
+        (n, d), P = X.shape, len(cls)
+        out = torch.empty(P, dtype=X.dtype, device=X.device)
+        present, counts = torch.unique_consecutive(cls, return_counts=True)
+        local = torch.arange(len(present), device=cls.device).repeat_interleave(counts)
+        ends = torch.cumsum(counts, 0)
+        rank = torch.arange(P, device=cls.device) - (ends - counts)[local]   # place in its class
         rows, bias = self.rows_[:, 1 + start:1 + stop], self.bias_[:, 1 + start:1 + stop]
-        n, width = X.shape[0], stop - start
-        for c0, c1, p0, p1 in zip(starts, starts[1:], offsets, offsets[1:]):
-            if p0 == p1:
-                continue
-            member, samples = cls[p0:p1] - c0, smp[p0:p1]
-            most = int(counts[c0:c1].max())
-            if most >= _DENSE_SHARE * n:
-                Z = torch.addmm(bias[c0:c1].reshape(-1), X, rows[c0:c1].reshape(-1, d).T)
-                Z = Z.view(n * (c1 - c0), width).index_select(0, samples * (c1 - c0) + member)
+        present_l, counts_l, ends_l = present.tolist(), counts.tolist(), [0] + ends.tolist()
+        for g0 in range(0, len(present_l), _RESCORE_CLASSES):
+            g1 = min(len(present_l), g0 + _RESCORE_CLASSES)
+            c0, c1, p0, p1 = present_l[g0], present_l[g1 - 1] + 1, ends_l[g0], ends_l[g1]
+            if c1 - c0 <= 2 * (g1 - g0):
+                R, bR, slot = rows[c0:c1], bias[c0:c1], cls[p0:p1] - c0
+            else:
+                R, bR = rows.index_select(0, present[g0:g1]), bias.index_select(0, present[g0:g1])
+                slot = local[p0:p1] - g0
+            span, samples, most = len(R), smp[p0:p1], max(counts_l[g0:g1])
+            if most >= _DENSE_SHARE * n:         # every sample against the block's rows
+                Z = torch.addmm(bR.reshape(-1), X, R.reshape(-1, d).T)
+                Z = Z.view(n * span, -1).index_select(0, samples * span + slot)
             else:                                 # padded batched GEMM of the needed samples
-                at = member * most + torch.arange(p0, p1, device=cls.device) - first[cls[p0:p1]]
-                Xg = X.new_zeros((c1 - c0) * most, d).index_copy_(0, at, X.index_select(0, samples))
-                Z = torch.baddbmm(bias[c0:c1, None], Xg.view(c1 - c0, most, d),
-                                  rows[c0:c1].transpose(1, 2))
-                Z = Z.view(-1, width).index_select(0, at)
+                at = slot * most + rank[p0:p1]
+                pick = samples.new_zeros(span * most).index_copy_(0, at, samples)
+                Z = torch.baddbmm(bR[:, None], X.index_select(0, pick).view(span, most, d),
+                                  R.transpose(1, 2))
+                Z = Z.view(span * most, -1).index_select(0, at)
             out[p0:p1] = torch.linalg.vecdot(Z, Z)
         return out
 
@@ -391,5 +507,6 @@ class LRRGDA(GaussianHead):
                                            if isinstance(t, torch.Tensor))
         if hasattr(self, "kappa_"):
             report["pruning_bounds"] = sum(t.nbytes for t in (
-                self.kappa_, self.mean_precision_, self.base_whitener_, self.linear_bias_))
+                self.kappa_, self.mean_precision_, self.base_whitener_, self.linear_bias_,
+                self.center_))
         return report
