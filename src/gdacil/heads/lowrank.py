@@ -426,25 +426,33 @@ class LRRGDA(GaussianHead):
         floor = self._exact_scores(X, lin, lower.topk(k, dim=1).indices).amin(1, keepdim=True)
         threshold = floor - 2.0 * margin        # bounds and threshold carry one margin each
         cls, smp = (upper >= threshold).T.nonzero(as_tuple=True)        # sorted by class
-        del upper
         scored, classes = len(smp), len(torch.unique_consecutive(cls))
+        # a pair's score is base + screened + rest: its linear score, its first j rows (a lower
+        # bound of them after a lowered screening, open by at most `width`) and the rows after
         dist = (sq_norm[smp, 0] - 2.0 * lin[smp, cls] + screen["offset"][cls]).clamp_min_(0.0)
-        # a lowered screening only decided which pairs go on: their rows are scored afresh
-        done = 0 if "eps" in screen else j
-        low = (lower if done else lin)[smp, cls]
-        stop = j
+        base = lin[smp, cls]
+        screened = lower[smp, cls] - base
+        lowered = "eps" in screen
+        width = (upper[smp, cls] - lower[smp, cls]).sub_(half_kappa[cls, j] * dist).clamp_min_(0.0)
+        if not lowered:
+            width.zero_()
+        del upper
+        rest = torch.zeros_like(base)
+        done = stop = j
         while done < r:
             stop = min(r, max(4, 3 * stop))
-            low += 0.5 * self._row_norms(X, cls, smp, done, stop)
+            rest += 0.5 * self._row_norms(X, cls, smp, done, stop)
             done = stop
-            if done == r:
-                break
+            low = base + screened + rest
             lower[smp, cls] = low                          # still lower bounds, now tighter
             threshold = torch.maximum(lower.topk(k, dim=1).values[:, -1:], floor) - 2.0 * margin
-            keep = torch.addcmul(low, half_kappa[cls, done], dist) >= threshold[smp, 0]
-            cls, smp, low, dist = cls[keep], smp[keep], low[keep], dist[keep]
+            keep = (low + width).addcmul_(half_kappa[cls, done], dist) >= threshold[smp, 0]
+            cls, smp, base, screened, rest, width, dist = (
+                t[keep] for t in (cls, smp, base, screened, rest, width, dist))
+        if lowered:                 # the first j rows of the pairs still in, in the head's dtype
+            screened = 0.5 * self._row_norms(X, cls, smp, 0, j)
         scores = torch.full_like(lower, -torch.inf)
-        scores[smp, cls] = low
+        scores[smp, cls] = base + screened + rest
         best, idx = scores.topk(k, dim=1)
         return best, idx, scored, classes
 
