@@ -433,9 +433,8 @@ class LRRGDA(GaussianHead):
         base = lin[smp, cls]
         screened = lower[smp, cls] - base
         lowered = "eps" in screen
-        width = (upper[smp, cls] - lower[smp, cls]).sub_(half_kappa[cls, j] * dist).clamp_min_(0.0)
-        if not lowered:
-            width.zero_()
+        width = ((upper[smp, cls] - lower[smp, cls]).sub_(half_kappa[cls, j] * dist).clamp_min_(0.0)
+                 if lowered else torch.zeros_like(base))
         del upper
         rest = torch.zeros_like(base)
         done = stop = j
