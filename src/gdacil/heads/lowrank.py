@@ -75,6 +75,12 @@ def _row_products(rows: torch.Tensor, x: torch.Tensor, block: int = 1024) -> tor
     return out
 
 
+def _mahalanobis(sq_norm: torch.Tensor, lin: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """``(x-mu)^T B^-1 (x-mu) = x^T B^-1 x - 2 (lin - b) + mu^T B^-1 mu`` from the linear score
+    ``lin`` and ``offset = mu^T B^-1 mu + 2 b`` (clamped at 0 against rounding)."""
+    return torch.add(offset, lin, alpha=-2.0).add_(sq_norm).clamp_min_(0.0)
+
+
 class LRRGDA(GaussianHead):
     """Low-rank regularised Gaussian discriminant analysis (the paper's LR-RGDA).
 
@@ -357,7 +363,7 @@ class LRRGDA(GaussianHead):
         cached = {"key": (j, dtype),
                   "linear": self.rows_[:, 0].contiguous(),
                   "quad": quad.to(dtype).contiguous(), "quad_bias": bias.contiguous(),
-                  # (x-mu)^T B^-1 (x-mu) = x^T B^-1 x - 2 (lin - b) + mu^T B^-1 mu
+                  # what the Mahalanobis distance needs besides x^T B^-1 x and lin
                   "offset": self.mean_precision_ + 2.0 * self.linear_bias_,
                   # kappa_{c,i+1} / 2 bounds the rest after i rows (0 after all r rows)
                   "half_kappa": 0.5 * torch.nn.functional.pad(self.kappa_, (0, 1))}
@@ -398,7 +404,7 @@ class LRRGDA(GaussianHead):
                 Q = (Xs @ screen["quad"][a:b].reshape(-1, d).T).view(n, b - a, j).to(X.dtype)
                 half_sq = torch.linalg.vecdot(Q, Q.add_(screen["quad_bias"][a:b])).mul_(0.5)
                 score = half_sq + score                       # lin + 1/2 ||A_c[:j] (x - mu_c)||^2
-            distance = torch.add(offset[a:b], lin[:, a:b], alpha=-2.0).add_(sq_norm).clamp_min_(0.0)
+            distance = _mahalanobis(sq_norm, lin[:, a:b], offset[a:b])
             torch.addcmul(score, half_kappa[a:b], distance, out=upper[:, a:b])
             if lowered and j:
                 # with e bounding the error of q = A_c[:j] (x - mu_c), 1/2 (||q|| -/+ e)^2
@@ -429,7 +435,7 @@ class LRRGDA(GaussianHead):
         scored, classes = len(smp), len(torch.unique_consecutive(cls))
         # a pair's score is base + screened + rest: its linear score, its first j rows (a lower
         # bound of them after a lowered screening, open by at most `width`) and the rows after
-        dist = (sq_norm[smp, 0] - 2.0 * lin[smp, cls] + screen["offset"][cls]).clamp_min_(0.0)
+        dist = _mahalanobis(sq_norm[smp, 0], lin[smp, cls], screen["offset"][cls])
         base = lin[smp, cls]
         screened = lower[smp, cls] - base
         lowered = "eps" in screen
