@@ -135,11 +135,16 @@ def test_data_parallel_nsp_training_matches_one_process(ranks):
     torch.set_num_threads(1)
     one = train_nsp()
     assert set(one) == set(trained)
+    # float32 gradients summed in another order differ by a few ulps per step, and Adam's
+    # normalisation can carry that into the update: allow 1e-5 of each tensor's scale, which
+    # is still a thousandth of how far training moved the weights (checked below)
     for key, value in one.items():
-        torch.testing.assert_close(trained[key], value, rtol=1e-5, atol=1e-6, msg=key)
+        atol = 1e-5 * max(1.0, float(value.abs().max()))
+        torch.testing.assert_close(trained[key], value, rtol=1e-5, atol=atol, msg=key)
     initial = build_backbone("vit", config=TINY_VIT).model.state_dict()
     moved = [k for k, v in initial.items() if not torch.equal(v, one[f"weights/{k}"])]
     assert moved  # the comparison is not vacuous: training moved the weights
+    assert max(float((one[f"weights/{k}"] - initial[k]).abs().max()) for k in moved) > 1e-2
     for key, moment in one.items():  # the projector of task 1 is the one-process projector
         if key.startswith("moments0/"):
             P1 = soft_projector(null_space_split(moment, 0.05)[0], 0.02)
@@ -188,5 +193,6 @@ def test_torchrun_gdacil_run_matches_one_process(tmp_path):
         a, b = (load_tensors(tmp_path / d / "seed_3" / f"{name}.safetensors")[0]
                 for d in ("one", "two"))
         assert a.keys() == b.keys()
-        for key in a:
-            torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-6, msg=f"{name} {key}")
+        for key in a:  # float32 weights: 1e-5 of the tensor's scale, as in the NSP test above
+            atol = 1e-5 * max(1.0, float(a[key].abs().max()))
+            torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=atol, msg=f"{name} {key}")
