@@ -9,6 +9,7 @@ BENCHMARKS = {
     "drift": "gdacil.bench.drift",
     "strategies": "gdacil.bench.strategies",
     "scale": "gdacil.bench.scale",
+    "ranpac-lambda": "gdacil.bench.ranpac_lambda",
 }
 
 

@@ -1,10 +1,14 @@
 """Classifiers built from :class:`~gdacil.ClassGaussians`, and a registry of their names."""
 
 from .base import GaussianHead, NotFittedError
+from .fecam import FeCAM
 from .lda import LDA
 from .lowrank import LRRGDA
+from .mapped import MappedLinearHead
 from .ncm import NCM
+from .rbf_lda import RBFLDA
 from .rgda import QDA, RGDA
+from .ridge import ACIL, RanPAC
 from .sgd import SGDHead
 
 HEADS: dict[str, type[GaussianHead]] = {
@@ -14,6 +18,15 @@ HEADS: dict[str, type[GaussianHead]] = {
     "rgda": RGDA,
     "lr_rgda": LRRGDA,
     "sgd": SGDHead,
+    "fecam": FeCAM,
+}
+
+# Heads that learn from features, not from ClassGaussians: they map the features with a seeded
+# random map and keep pooled statistics of the mapped features (partial_fit(X, y), merge, save).
+STREAMING_HEADS: dict[str, type[MappedLinearHead]] = {
+    "ranpac": RanPAC,
+    "acil": ACIL,
+    "rbf_lda": RBFLDA,
 }
 
 
@@ -27,4 +40,4 @@ def build_head(name: str, **params) -> GaussianHead:
 
 
 __all__ = ["GaussianHead", "NotFittedError", "NCM", "LDA", "QDA", "RGDA", "LRRGDA", "SGDHead", "HEADS",
-           "build_head"]
+           "build_head", "FeCAM", "MappedLinearHead", "RanPAC", "ACIL", "RBFLDA", "STREAMING_HEADS"]

@@ -1,0 +1,357 @@
+"""Streaming linear heads on a fixed feature map and pooled statistics (RanPAC, ACIL, RBF-LDA).
+
+A :class:`MappedLinearHead` maps features ``x`` (the backbone's, dimension ``d``) through a seeded
+:class:`~gdacil.feature_maps.FeatureMap` ``phi`` to ``z = phi(x)`` (dimension ``M``), accumulates
+:class:`~gdacil.pooled_stats.PooledGaussians` of ``z`` (class counts and means, one pooled
+scatter), and scores ``g_c(x) = w_c^T z + b_c`` with ``(W, b)`` solved from the statistics alone.
+The statistics are sums, so training task by task, or on shards merged afterwards, gives the head
+trained on everything at once. The solve is lazy: it runs at the first prediction after the
+statistics changed, so many small ``partial_fit`` calls cost one solve.
+
+Persistence is one safetensors file: the statistics, the solved weights, and JSON metadata (the
+constructor arguments, the feature map's description and the fitted scalars). The map's weights
+are regenerated from its seed; nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import torch
+
+from .._validation import as_features, as_labels, check_positive_int
+from ..feature_maps import FeatureMap
+from ..io import load_tensors, save_tensors
+from ..pooled_stats import PooledGaussians
+from .base import NotFittedError
+
+__all__ = ["DEFAULT_MAX_BYTES", "MappedLinearHead", "check_budget", "dtype_from_name"]
+
+DEFAULT_MAX_BYTES = 16 * 2**30
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """``torch.float32`` from ``"torch.float32"`` (how dtypes are written in saved metadata)."""
+    dtype = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")  # noqa: TRY004 (a bad setting)
+    return dtype
+
+
+def check_budget(head, needed: int) -> None:
+    """Refuse a state of ``needed`` bytes above ``head.max_bytes``, naming what to change."""
+    limit = head.max_bytes
+    if limit is not None and needed > limit:
+        raise ValueError(
+            f"{type(head).__name__}: this configuration needs about {needed / 2**30:.2f} GiB "
+            f"(statistics and solve), more than max_bytes={limit / 2**30:.2f} GiB; reduce the "
+            "feature dimension or the number of classes, or raise max_bytes"
+        )
+
+
+class MappedLinearHead(ABC):
+    """Base class of the streaming heads ``g_c(x) = w_c^T phi(x) + b_c``.
+
+    Subclasses implement ``_make_map(dim_in)``, ``_solve(stats)`` returning ``(W, b)`` (float64,
+    ``(C, M)`` and ``(C,)``) and ``_state_bytes(M, C)``; they may override ``_observe(H, y)``
+    (sees each mapped batch, when ``_needs_batch()``), ``_fitted_state()`` /
+    ``_restore_state(state)`` (JSON-serialisable fitted scalars) and ``_merge_state(other)``.
+
+    Parameters shared by every mapped head
+    --------------------------------------
+    dtype : torch.dtype, default torch.float64
+        Dtype of prediction (the map and the weights). Statistics and solves are float64.
+    max_bytes : int or None, default 16 GiB
+        Largest state (statistics plus the solve's work space) the head accepts; larger
+        configurations are refused with a message before any memory is allocated. ``None``
+        disables the check.
+    """
+
+    _FORMAT: ClassVar[str] = ""
+    _formats: ClassVar[dict[str, type[MappedLinearHead]]] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("_FORMAT"):
+            MappedLinearHead._formats[cls._FORMAT] = cls
+
+    def __init__(self, *, dtype=torch.float64, max_bytes=DEFAULT_MAX_BYTES):
+        self.dtype = dtype
+        self.max_bytes = max_bytes
+
+    # ------------------------------------------------------------------ hooks
+    @abstractmethod
+    def _make_map(self, dim_in: int) -> FeatureMap:
+        """The (unfitted) feature map for inputs of dimension ``dim_in``."""
+
+    @abstractmethod
+    def _solve(self, stats: PooledGaussians) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(W, b)``: float64 weights ``(C, M)`` and biases ``(C,)`` from the statistics."""
+
+    @abstractmethod
+    def _state_bytes(self, dim: int, n_classes: int) -> int:
+        """Bytes of statistics plus the solve's work space for ``n_classes`` classes."""
+
+    def _needs_batch(self) -> bool:
+        return False
+
+    def _observe(self, H: torch.Tensor, y: torch.Tensor) -> None:
+        """See one mapped batch ``H`` ``(n, M)`` (after the statistics were updated with it)."""
+
+    def _start_state(self) -> None:
+        """Initialise fitted scalars when the first batch (or statistics) arrives."""
+
+    def _fitted_state(self) -> dict[str, Any]:
+        return {}
+
+    def _restore_state(self, state: dict[str, Any]) -> None:
+        """Inverse of ``_fitted_state``."""
+
+    def _merge_state(self, other: MappedLinearHead) -> None:
+        """Combine fitted scalars when ``other`` is merged into ``self``."""
+
+    def _check_params(self) -> None:
+        if self.dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"dtype must be torch.float32 or torch.float64; got {self.dtype!r}")
+        if self.max_bytes is not None:
+            check_positive_int(self.max_bytes, "max_bytes")
+
+    # ------------------------------------------------------------------ fitting
+    def fit(self, X, y) -> MappedLinearHead:
+        """Forget everything, then :meth:`partial_fit`. Returns ``self``."""
+        self._reset()
+        return self.partial_fit(X, y)
+
+    def partial_fit(self, X, y) -> MappedLinearHead:
+        """Add a batch of features ``(n, d)`` with integer labels; unseen labels become new classes.
+
+        The features are mapped and folded into the statistics; the weights are re-solved at the
+        next prediction. Returns ``self``.
+        """
+        self._check_params()
+        X = as_features(X, dim=getattr(self, "n_features_in_", None), dtype=torch.float64)
+        y = as_labels(y, n=X.shape[0])
+        if not hasattr(self, "stats_"):
+            fmap = self._make_map(X.shape[1]).fit(X)
+            check_budget(self, self._state_bytes(fmap.dim_out, len(torch.unique(y))))
+            self._adopt(fmap, PooledGaussians(fmap.dim_out))
+        else:
+            fresh = {int(c) for c in torch.unique(y).tolist()} - set(self.stats_.classes)
+            check_budget(self, self._state_bytes(self.stats_.dim, self.stats_.n_classes + len(fresh)))
+        if self._needs_batch():
+            H = self.feature_map_(X)
+            self.stats_.update(H, y)
+            self._observe(H, y)
+        else:
+            for start, stop, Z in self.feature_map_.iter_chunks(X):
+                self.stats_.update(Z, y[start:stop])
+        self._invalidate()
+        return self
+
+    def fit_stats(self, stats: PooledGaussians, feature_map: FeatureMap | None = None) -> MappedLinearHead:
+        """Build the head from statistics of mapped features (replacing any state). Returns ``self``.
+
+        ``stats`` are :class:`~gdacil.pooled_stats.PooledGaussians` of ``feature_map(x)`` (a
+        :class:`~gdacil.ClassStatistics` is pooled first). ``feature_map`` must be the map this
+        head would build (same kind, size and seed); omit it for heads without a random map.
+        The statistics are copied.
+        """
+        self._check_params()
+        if self._needs_batch():
+            raise ValueError(f"{type(self).__name__}.fit_stats: this configuration learns from the "
+                             "samples themselves (e.g. lam='auto'); fix it (a numeric lam) or use "
+                             "partial_fit")
+        if not isinstance(stats, PooledGaussians):
+            stats = PooledGaussians.from_class_statistics(stats)
+        if stats.n_classes == 0:
+            raise ValueError(f"{type(self).__name__}.fit_stats: the statistics hold no classes")
+        fmap = feature_map
+        if fmap is None:
+            fmap = self._make_map(stats.dim)
+            if fmap.dim_out != stats.dim or fmap.name != "identity":
+                raise ValueError(f"{type(self).__name__}.fit_stats: this head maps its features "
+                                 "randomly; pass the feature_map the statistics were computed with")
+        else:
+            expected = self._make_map(fmap.dim_in)
+            if type(fmap) is not type(expected) or _settings(fmap) != _settings(expected):
+                raise ValueError(f"feature_map {fmap!r} is not the map of {self!r}")
+            if not fmap.is_fitted:
+                raise ValueError(f"feature_map {fmap!r} is not fitted")
+            if fmap.dim_out != stats.dim:
+                raise ValueError(f"statistics of dimension {stats.dim} do not match the map's "
+                                 f"output dimension {fmap.dim_out}")
+        check_budget(self, self._state_bytes(stats.dim, stats.n_classes))
+        self._reset()
+        self._adopt(fmap, stats.copy())
+        self._invalidate()
+        return self
+
+    def merge(self, other: MappedLinearHead) -> MappedLinearHead:
+        """Fold ``other`` (same class, same parameters, same fitted feature map) into ``self``.
+
+        The statistics merge exactly, so heads fitted on shards and merged equal one head fitted
+        on all the data. Returns ``self``.
+        """
+        if type(other) is not type(self):
+            raise TypeError(f"cannot merge a {type(other).__name__} into a {type(self).__name__}")
+        if _comparable(other.get_params()) != _comparable(self.get_params()):
+            raise ValueError(f"cannot merge heads with different parameters: {other!r} into {self!r}")
+        if not hasattr(other, "stats_"):
+            return self
+        if not hasattr(self, "stats_"):
+            self._adopt(FeatureMap.from_dict(other.feature_map_.to_dict()), other.stats_.copy())
+            self._restore_state(other._fitted_state())
+        else:
+            if self.n_features_in_ != other.n_features_in_ or self.feature_map_ != other.feature_map_:
+                raise ValueError(
+                    f"cannot merge heads with different feature maps ({other.feature_map_!r} into "
+                    f"{self.feature_map_!r}); fix data-dependent settings such as the bandwidth")
+            n_classes = len(set(self.stats_.classes) | set(other.stats_.classes))
+            check_budget(self, self._state_bytes(self.stats_.dim, n_classes))
+            self.stats_.merge(other.stats_)
+            self._merge_state(other)
+        self._invalidate()
+        return self
+
+    def _adopt(self, fmap: FeatureMap, stats: PooledGaussians) -> None:
+        self.feature_map_ = fmap
+        self.n_features_in_ = fmap.dim_in
+        self.stats_ = stats
+        self._start_state()
+
+    def _reset(self) -> None:
+        for name in ("feature_map_", "n_features_in_", "stats_", "coef_", "intercept_"):
+            self.__dict__.pop(name, None)
+
+    def _invalidate(self) -> None:
+        self.__dict__.pop("coef_", None)
+        self.__dict__.pop("intercept_", None)
+
+    def _ensure_solved(self) -> None:
+        if not hasattr(self, "stats_"):
+            raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit(X, y) first")
+        if not hasattr(self, "coef_"):
+            W, b = self._solve(self.stats_)
+            self.coef_ = W.to(self.dtype).contiguous()
+            self.intercept_ = b.to(self.dtype).contiguous()
+
+    @property
+    def classes_(self) -> torch.Tensor:
+        """Class labels in the order of the score columns."""
+        if not hasattr(self, "stats_"):
+            raise NotFittedError(f"this {type(self).__name__} is not fitted yet")
+        return torch.tensor(self.stats_.classes, dtype=torch.int64)
+
+    # ------------------------------------------------------------------ scoring
+    def _score_chunks(self, X):
+        self._ensure_solved()
+        for start, stop, Z in self.feature_map_.iter_chunks(X, dtype=self.dtype):
+            yield start, stop, torch.addmm(self.intercept_, Z, self.coef_.T)
+
+    def decision_function(self, X) -> torch.Tensor:
+        """Scores ``(n, C)``, columns in the order of ``classes_``."""
+        self._ensure_solved()
+        chunks = [scores for _, _, scores in self._score_chunks(X)]
+        return torch.cat(chunks)
+
+    def predict(self, X) -> torch.Tensor:
+        """Predicted labels ``(n,)`` (int64), computed chunk by chunk."""
+        self._ensure_solved()
+        idx = torch.cat([scores.argmax(1) for _, _, scores in self._score_chunks(X)])
+        return self.classes_[idx]
+
+    def predict_proba(self, X) -> torch.Tensor:
+        """``softmax`` of :meth:`decision_function` (see each head for what the scores mean)."""
+        return torch.softmax(self.decision_function(X), dim=1)
+
+    def score(self, X, y) -> float:
+        """Mean accuracy of :meth:`predict` against labels ``y``."""
+        pred = self.predict(X)
+        y = as_labels(y, n=pred.shape[0])
+        return float((pred == y).double().mean())
+
+    # ------------------------------------------------------------------ memory
+    def memory_report(self) -> dict[str, int]:
+        """Bytes held: statistics, solved weights and the feature map's cached weights."""
+        if not hasattr(self, "stats_"):
+            raise NotFittedError(f"this {type(self).__name__} is not fitted yet")
+        report = {"stats": self.stats_.nbytes, "feature_map": self.feature_map_.nbytes}
+        if hasattr(self, "coef_"):
+            report["coef"] = self.coef_.nbytes
+            report["intercept"] = self.intercept_.nbytes
+        report["total"] = sum(report.values())
+        return report
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the head to one safetensors file (statistics, solved weights, JSON config)."""
+        if not hasattr(self, "stats_"):
+            raise NotFittedError(f"this {type(self).__name__} is not fitted yet; nothing to save")
+        self._ensure_solved()
+        tensors = {f"stats.{k}": v for k, v in self.stats_.state_dict().items()}
+        tensors.update({"coef": self.coef_, "intercept": self.intercept_})
+        params = {k: (str(v) if isinstance(v, torch.dtype) else _jsonable(v))
+                  for k, v in self.get_params().items()}
+        meta = {"format": self._FORMAT, "params": params, "feature_map": self.feature_map_.to_dict(),
+                "state": self._fitted_state()}
+        save_tensors(path, tensors, meta)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> MappedLinearHead:
+        """Read a head written by :meth:`save` (``MappedLinearHead.load`` reads any of them)."""
+        tensors, meta = load_tensors(path)
+        fmt = meta.get("format")
+        target = MappedLinearHead._formats.get(fmt)
+        if target is None or (cls is not MappedLinearHead and target is not cls):
+            raise ValueError(f"{path}: not a {cls.__name__} file (format {fmt!r})")
+        params = dict(meta["params"])
+        params["dtype"] = dtype_from_name(params["dtype"])
+        if isinstance(params.get("priors"), dict):  # JSON keys are strings; labels are ints
+            params["priors"] = {int(k): v for k, v in params["priors"].items()}
+        head = target(**params)
+        stats = PooledGaussians.from_state_dict(
+            {k.removeprefix("stats."): v for k, v in tensors.items() if k.startswith("stats.")},
+            source=str(path))
+        fmap = FeatureMap.from_dict(meta["feature_map"])
+        if fmap.dim_out != stats.dim:
+            raise ValueError(f"{path}: the feature map's dimension {fmap.dim_out} does not match "
+                             f"the statistics' {stats.dim}")
+        head._adopt(fmap, stats)
+        head._restore_state(meta.get("state", {}))
+        coef, intercept = tensors["coef"], tensors["intercept"]
+        if coef.shape != (stats.n_classes, stats.dim) or intercept.shape != (stats.n_classes,):
+            raise ValueError(f"{path}: solved weights of shape {tuple(coef.shape)} do not match "
+                             f"{stats.n_classes} classes in dimension {stats.dim}")
+        head.coef_, head.intercept_ = coef.to(head.dtype), intercept.to(head.dtype)
+        return head
+
+    # ------------------------------------------------------------------ params
+    def get_params(self) -> dict:
+        import inspect
+
+        names = [p for p in inspect.signature(type(self).__init__).parameters if p != "self"]
+        return {n: getattr(self, n) for n in names}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.get_params().items())})"
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return value
+
+
+def _settings(fmap: FeatureMap) -> dict:
+    """A map's configuration without its data-dependent resolved values (``name_``)."""
+    return {k: v for k, v in fmap._config().items() if not k.endswith("_")}
+
+
+def _comparable(params: dict) -> dict:
+    return {k: (str(v) if isinstance(v, torch.dtype) else _jsonable(v)) for k, v in params.items()}
