@@ -162,30 +162,55 @@ class TestCosineNCM(HeadContract):
         return cos + uniform(stats)
 
 
+def mean_variance(stats):
+    """``tr(Sigma_avg) / d`` from the class covariances one by one: the unit of the default
+    (``identity_scale="trace"``) identity terms."""
+    return torch.stack([c.trace() for c in stats.covariances()]).mean() / stats.dim
+
+
 class TestLDA(HeadContract):
+    unit = staticmethod(mean_variance)
+
     def make_head(self, **kw):
         return LDA(0.1, **kw)
 
     def reference(self, stats, X):
         avg = stats.average_covariance()
-        shared = 0.9 * avg + 0.1 * torch.eye(stats.dim, dtype=torch.float64)
+        shared = 0.9 * avg + 0.1 * self.unit(stats) * torch.eye(stats.dim, dtype=torch.float64)
         return gaussian_scores(X, stats.means, shared.expand(stats.n_classes, -1, -1), uniform(stats))
+
+
+class TestPaperLDA(TestLDA):
+    unit = staticmethod(lambda stats: 1.0)
+
+    def make_head(self, **kw):
+        return LDA.paper(**kw)
 
 
 class TestRGDA(HeadContract):
     exact_scores = True
+    unit = staticmethod(mean_variance)
 
     def make_head(self, **kw):
         return RGDA(**kw)
 
     def reference(self, stats, X):
         eye = torch.eye(stats.dim, dtype=torch.float64)
-        covs = 0.2 * stats.covariances() + 2.0 * stats.average_covariance() + 0.5 * eye
+        covs = (0.2 * stats.covariances() + 2.0 * stats.average_covariance()
+                + 0.5 * self.unit(stats) * eye)
         return gaussian_scores(X, stats.means, covs, uniform(stats))
+
+
+class TestPaperRGDA(TestRGDA):
+    unit = staticmethod(lambda stats: 1.0)
+
+    def make_head(self, **kw):
+        return RGDA.paper(**kw)
 
 
 class TestLRRGDA(HeadContract):
     rank = 3
+    unit = staticmethod(mean_variance)
 
     def make_head(self, **kw):
         return LRRGDA(rank=self.rank, decomposition="eigh", **kw)
@@ -194,8 +219,15 @@ class TestLRRGDA(HeadContract):
         U, s = top_eigh(stats.covariances(), self.rank)
         truncated = U @ torch.diag_embed(s) @ U.transpose(1, 2)
         eye = torch.eye(stats.dim, dtype=torch.float64)
-        covs = 0.2 * truncated + 2.0 * stats.average_covariance() + 0.5 * eye
+        covs = 0.2 * truncated + 2.0 * stats.average_covariance() + 0.5 * self.unit(stats) * eye
         return gaussian_scores(X, stats.means, covs, uniform(stats))
+
+
+class TestPaperLRRGDA(TestLRRGDA):
+    unit = staticmethod(lambda stats: 1.0)
+
+    def make_head(self, **kw):
+        return LRRGDA.paper(rank=self.rank, decomposition="eigh", **kw)
 
 
 class TestQDA(HeadContract):
@@ -221,7 +253,8 @@ def test_lrrgda_full_rank_equals_rgda_up_to_a_per_sample_constant(seed):
         assert (diff - diff[:, :1]).abs().max() <= 1e-8
         assert torch.equal(low.argmax(1), full.argmax(1))
         # the constant is exactly 1/2 x^T B^{-1} x
-        B = 2.0 * stats.average_covariance() + 0.5 * torch.eye(stats.dim, dtype=torch.float64)
+        B = (2.0 * stats.average_covariance()
+             + 0.5 * mean_variance(stats) * torch.eye(stats.dim, dtype=torch.float64))
         const = 0.5 * (X * torch.linalg.solve(B, X.T).T).sum(1)
         assert (diff[:, 0] - const).abs().max() <= 1e-8
 
@@ -571,3 +604,44 @@ def test_pruned_top_k_equals_dense_top_k_on_real_features():
             assert torch.equal(labels, dense_labels)
             scale = float(dense_scores.abs().max()) * torch.finfo(dtype).eps
             torch.testing.assert_close(scores, dense_scores, rtol=0, atol=64 * scale)
+
+
+# ------------------------------------------------------------------ units of the features
+@pytest.mark.parametrize("name", sorted(HEADS))
+@pytest.mark.parametrize("factor", [1e-3, 1e3])
+def test_default_heads_predict_the_same_in_any_units(name, factor):
+    """Multiplying every feature by a constant changes no prediction of any head with its
+    defaults (the identity terms follow tr(Sigma_avg) / d), while the paper's absolute forms do."""
+    stats, X, y = make_stats(seed=3, few_shot=())
+    Xq = queries(stats.dim, n=200, seed=4)
+    scaled = ClassGaussians(stats.dim).update(X * factor, y)
+    params = {"base_steps": 300, "steps_per_class": 0} if name == "sgd" else {}
+    a = build_head(name, **params).fit(stats).predict(Xq)
+    b = build_head(name, **params).fit(scaled).predict(Xq * factor)
+    if name == "sgd":  # float32 training on standardised pseudo-features: rounding may differ
+        assert (a == b).double().mean() >= 0.99
+    else:
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("make", [lambda: LDA.paper(), lambda: RGDA.paper(),
+                                  lambda: LRRGDA.paper(rank=3, decomposition="eigh")])
+def test_paper_presets_depend_on_the_units(make):
+    stats, X, y = make_stats(seed=3, few_shot=())
+    Xq = queries(stats.dim, n=200, seed=4)
+    small = ClassGaussians(stats.dim).update(X * 1e-3, y)
+    assert not torch.equal(make().fit(stats).predict(Xq), make().fit(small).predict(Xq * 1e-3))
+
+
+def test_identity_scale_is_recorded_and_falls_back_for_classes_without_variance():
+    stats, _, _ = make_stats(seed=3, few_shot=())
+    head = LRRGDA(rank=3).fit(stats)
+    assert head.identity_scale_ == pytest.approx(float(mean_variance(stats)), rel=1e-12)
+    assert LRRGDA.paper(rank=3).fit(stats).identity_scale_ == 1.0
+    # one sample per class: the spread of the class means around their centre, (1 + 1) / 2
+    points = ClassGaussians(2).update(torch.tensor([[0.0, 1.0], [2.0, 3.0]]), [0, 1])
+    assert RGDA().fit(points).identity_scale_ == pytest.approx(1.0, rel=1e-12)
+    scaled = ClassGaussians(2).update(torch.tensor([[0.0, 3.0], [6.0, 9.0]]), [0, 1])
+    assert RGDA().fit(scaled).identity_scale_ == pytest.approx(9.0, rel=1e-12)
+    with pytest.raises(ValueError, match="identity_scale must be one of"):
+        LRRGDA(identity_scale="relative").fit(stats)

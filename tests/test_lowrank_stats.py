@@ -118,6 +118,7 @@ def test_lrrgda_rank_above_the_stored_rank_is_a_clear_error():
 def rgda_reference(stats, X, alphas=(0.2, 2.0, 0.5)):
     """RGDA log-posteriors (up to a per-sample constant) by a direct solve per class."""
     avg, eye = stats.average_covariance(), torch.eye(stats.dim, dtype=torch.float64)
+    eye = eye * avg.trace() / stats.dim  # the default identity term is in units of tr(avg) / d
     scores = []
     for mu, cov in zip(stats.means, stats.covariances()):
         S = alphas[0] * cov + alphas[1] * avg + alphas[2] * eye

@@ -48,10 +48,12 @@ Numerics and scale
 Statistics are accumulated in float64 on the CPU. The head is built in float64 and scores in
 ``dtype`` (default ``"float64"``) on ``device`` (default CPU): ``device="cuda",
 dtype="float32"`` builds and scores on a GPU. Outputs are numpy arrays either way. The class
-covariances use ``1/n`` (as scikit-learn >= 1.8's QDA does). The paper's RGDA regularisation
-``alpha1 = 0.2, alpha2 = 2.0, alpha3 = 0.5`` adds ``0.5 I`` to every class covariance: it assumes
-features of scale about 1 (standardise them, e.g. with a ``StandardScaler`` in a pipeline, or
-scale the alphas).
+covariances use ``1/n`` (as scikit-learn >= 1.8's QDA does). The identity terms of RGDA, LR-RGDA
+(``alpha3``) and LDA (the shrinkage target) are measured in units of ``tr(Sigma_avg) / d``, the
+mean per-dimension within-class variance, so predictions are the same whatever the units of the
+features (raw, LayerNorm or L2-normalised embeddings). ``identity_scale="absolute"`` (RGDA,
+LR-RGDA) and ``shrinkage_target="identity"`` (LDA) give the paper's absolute forms, which assume
+features of scale about 1. QDA's ``reg_param`` is absolute, as in scikit-learn.
 
 A class with a single sample has a zero covariance. RGDA and LR-RGDA regularise it (with
 ``alpha2 Sigma_avg + alpha3 I``), as do LDA (through the shared, shrunk covariance) and NCM (which
@@ -402,7 +404,7 @@ class LDAClassifier(_GaussianClassifier):
     Parameters
     ----------
     shrinkage : float in [0, 1], default 0.1
-    shrinkage_target : {"identity", "scaled_identity"}, default "identity"
+    shrinkage_target : {"scaled_identity", "identity"}, default "scaled_identity"
     {shared_parameters}
 
     Attributes
@@ -425,7 +427,7 @@ class LDAClassifier(_GaussianClassifier):
 
     _head_class = LDA
 
-    def __init__(self, shrinkage=0.1, *, shrinkage_target="identity", priors=None, device=None,
+    def __init__(self, shrinkage=0.1, *, shrinkage_target="scaled_identity", priors=None, device=None,
                  dtype="float64", class_batch_size="auto"):
         super().__init__(priors=priors, device=device, dtype=dtype,
                          class_batch_size=class_batch_size)
@@ -480,12 +482,14 @@ class QDAClassifier(_GaussianClassifier):
 class RGDAClassifier(_GaussianClassifier):
     """Regularised Gaussian discriminant analysis (:class:`gdacil.heads.RGDA`).
 
-    Class covariances are ``alpha1 Sigma_c + alpha2 Sigma_avg + alpha3 I``. The defaults are the
-    paper's, which assume features of scale about 1 (see the module notes).
+    Class covariances are ``alpha1 Sigma_c + alpha2 Sigma_avg + alpha3 u I`` with
+    ``u = tr(Sigma_avg) / d`` (``identity_scale="trace"``) or ``u = 1`` (``"absolute"``, the
+    paper's; see the module notes).
 
     Parameters
     ----------
     alpha1, alpha2, alpha3 : float >= 0, default (0.2, 2.0, 0.5)
+    identity_scale : {"trace", "absolute"}, default "trace"
     {shared_parameters}
 
     Attributes
@@ -507,12 +511,14 @@ class RGDAClassifier(_GaussianClassifier):
     _head_class = RGDA
 
     def __init__(self, alpha1=PAPER_ALPHAS[0], alpha2=PAPER_ALPHAS[1], alpha3=PAPER_ALPHAS[2], *,
-                 priors=None, device=None, dtype="float64", class_batch_size="auto"):
+                 identity_scale="trace", priors=None, device=None, dtype="float64",
+                 class_batch_size="auto"):
         super().__init__(priors=priors, device=device, dtype=dtype,
                          class_batch_size=class_batch_size)
         self.alpha1 = alpha1
         self.alpha2 = alpha2
         self.alpha3 = alpha3
+        self.identity_scale = identity_scale
 
     def _needs_class_covariance(self) -> bool:
         return self.alpha2 == 0 and self.alpha3 == 0
@@ -532,7 +538,9 @@ class LRRGDAClassifier(_GaussianClassifier):
     rank : int, default 64
         Rank of each class's covariance perturbation (``rank >= n_features`` is full RGDA).
     alpha1, alpha2, alpha3 : float >= 0, default (0.2, 2.0, 0.5)
-        The paper's values, which assume features of scale about 1 (see the module notes).
+        The paper's values; ``alpha3`` is in units of ``tr(Sigma_avg) / d`` by default.
+    identity_scale : {"trace", "absolute"}, default "trace"
+        ``"absolute"`` is the paper's form, which assumes features of scale about 1.
     decomposition : {"randomized", "eigh"}, default "randomized"
     oversample : int, default 16
     n_iter : int, default 4
@@ -566,15 +574,16 @@ class LRRGDAClassifier(_GaussianClassifier):
     _head_class = LRRGDA
 
     def __init__(self, rank=64, alpha1=PAPER_ALPHAS[0], alpha2=PAPER_ALPHAS[1],
-                 alpha3=PAPER_ALPHAS[2], *, decomposition="randomized", oversample=16, n_iter=4,
-                 random_state=0, priors=None, device=None, dtype="float64",
-                 class_batch_size="auto"):
+                 alpha3=PAPER_ALPHAS[2], *, identity_scale="trace", decomposition="randomized",
+                 oversample=16, n_iter=4, random_state=0, priors=None, device=None,
+                 dtype="float64", class_batch_size="auto"):
         super().__init__(priors=priors, device=device, dtype=dtype,
                          class_batch_size=class_batch_size)
         self.rank = rank
         self.alpha1 = alpha1
         self.alpha2 = alpha2
         self.alpha3 = alpha3
+        self.identity_scale = identity_scale
         self.decomposition = decomposition
         self.oversample = oversample
         self.n_iter = n_iter

@@ -14,9 +14,10 @@ __all__ = ["LDA"]
 class LDA(GaussianHead):
     """LDA on the unweighted average class covariance, in closed form.
 
-    ``Sigma = (1 - shrinkage) Sigma_avg + shrinkage * t * I`` with ``t = 1`` (the paper's
-    appendix, ``shrinkage_target="identity"``) or ``t = tr(Sigma_avg) / d``
-    (``"scaled_identity"``, scikit-learn's ``shrinkage=float``). Scores are
+    ``Sigma = (1 - shrinkage) Sigma_avg + shrinkage * t * I`` with ``t = tr(Sigma_avg) / d``
+    (``shrinkage_target="scaled_identity"``, scikit-learn's ``shrinkage=float`` and gdacil's
+    default: predictions do not depend on the features' units) or ``t = 1`` (the paper's
+    appendix, ``"identity"``, :meth:`paper`). Scores are
     ``w_c^T x + b_c`` with ``w_c = Sigma^{-1} mu_c`` and
     ``b_c = -1/2 mu_c^T Sigma^{-1} mu_c + log pi_c``: log-posteriors up to the per-sample
     constant ``-1/2 x^T Sigma^{-1} x``.
@@ -25,7 +26,7 @@ class LDA(GaussianHead):
     ----------
     shrinkage : float in [0, 1], default 0.1
         The paper's gamma (chosen by cross-validation from {0, 0.1, 0.2, 0.3}).
-    shrinkage_target : {"identity", "scaled_identity"}, default "identity"
+    shrinkage_target : {"scaled_identity", "identity"}, default "scaled_identity"
     priors, device, dtype, class_batch_size
         See :class:`~gdacil.heads.base.GaussianHead`.
 
@@ -41,11 +42,16 @@ class LDA(GaussianHead):
     True
     """
 
-    def __init__(self, shrinkage=0.1, *, shrinkage_target="identity", priors=None, device=None,
-                 dtype=torch.float64, class_batch_size="auto"):
+    def __init__(self, shrinkage=0.1, *, shrinkage_target="scaled_identity", priors=None,
+                 device=None, dtype=torch.float64, class_batch_size="auto"):
         super().__init__(priors=priors, device=device, dtype=dtype, class_batch_size=class_batch_size)
         self.shrinkage = shrinkage
         self.shrinkage_target = shrinkage_target
+
+    @classmethod
+    def paper(cls, **params):
+        """The paper's setting: gamma = 0.1 towards the (absolute) identity."""
+        return cls(0.1, shrinkage_target="identity", **params)
 
     def _check_params(self) -> None:
         super()._check_params()

@@ -32,7 +32,7 @@ from ..linalg import class_top_eigh, logdet_from_cholesky, psd_cholesky, symmetr
 from ..lowrank_stats import LowRankGaussians
 from ..stats import ClassGaussians, ClassStatistics
 from .base import GaussianHead
-from .rgda import PAPER_ALPHAS, check_alphas
+from .rgda import PAPER_ALPHAS, base_covariance_terms, check_alphas, check_identity_scale
 
 __all__ = ["LRRGDA"]
 
@@ -90,6 +90,10 @@ class LRRGDA(GaussianHead):
         Rank ``r`` of each class's covariance perturbation (``r = d`` reproduces :class:`RGDA`).
     alpha1, alpha2, alpha3 : float >= 0, default (0.2, 2.0, 0.5)
         ``alpha2 Sigma_avg + alpha3 I`` must be positive definite (``alpha3 > 0`` guarantees it).
+    identity_scale : {"trace", "absolute"}, default "trace"
+        ``"trace"`` measures ``alpha3`` in units of ``tr(Sigma_avg) / d``, so predictions do not
+        depend on the features' units (raw, LayerNorm or L2-normalised); ``"absolute"`` is the
+        paper's (:meth:`paper`). See :data:`~gdacil.heads.rgda.IDENTITY_SCALES`.
     decomposition : {"randomized", "eigh"}, default "randomized"
         How the top-r eigenpairs of each ``Sigma_c`` are found: seeded randomized subspace
         iteration with ``oversample`` extra columns and ``n_iter`` power iterations, or an exact
@@ -125,23 +129,30 @@ class LRRGDA(GaussianHead):
     """
 
     def __init__(self, rank=64, alpha1=PAPER_ALPHAS[0], alpha2=PAPER_ALPHAS[1],
-                 alpha3=PAPER_ALPHAS[2], *, decomposition="randomized", oversample=16, n_iter=4,
-                 random_state=0, priors=None, device=None, dtype=torch.float64,
-                 class_batch_size="auto"):
+                 alpha3=PAPER_ALPHAS[2], *, identity_scale="trace", decomposition="randomized",
+                 oversample=16, n_iter=4, random_state=0, priors=None, device=None,
+                 dtype=torch.float64, class_batch_size="auto"):
         super().__init__(priors=priors, device=device, dtype=dtype, class_batch_size=class_batch_size)
         self.rank = rank
         self.alpha1 = alpha1
         self.alpha2 = alpha2
         self.alpha3 = alpha3
+        self.identity_scale = identity_scale
         self.decomposition = decomposition
         self.oversample = oversample
         self.n_iter = n_iter
         self.random_state = random_state
 
+    @classmethod
+    def paper(cls, rank=64, **params):
+        """The paper's setting: alphas (0.2, 2.0, 0.5) with an absolute identity term."""
+        return cls(rank, *PAPER_ALPHAS, identity_scale="absolute", **params)
+
     def _check_params(self) -> None:
         super()._check_params()
         check_positive_int(self.rank, "rank")
         check_alphas(self.alpha1, self.alpha2, self.alpha3)
+        check_identity_scale(self.identity_scale)
         if self.decomposition not in ("randomized", "eigh"):
             raise ValueError(f"decomposition must be 'randomized' or 'eigh'; got {self.decomposition!r}")
         check_positive_int(self.oversample, "oversample", minimum=0)
@@ -203,7 +214,8 @@ class LRRGDA(GaussianHead):
                              "B = alpha2 Sigma_avg + alpha3 I must be positive definite")
         d = stats.dim
         eye = torch.eye(d, dtype=torch.float64, device=self.device_)
-        avg = stats.average_covariance().to(self.device_) if a2 else torch.zeros_like(eye)
+        avg, a3, self.identity_scale_ = base_covariance_terms(stats, a2, a3, self.identity_scale,
+                                                              self.device_)
         L_B = psd_cholesky(a2 * avg + a3 * eye, name="LR-RGDA base B = alpha2 Sigma_avg + alpha3 I")
         L_B_inv = torch.linalg.solve_triangular(L_B, eye, upper=False)
         logdet_B = logdet_from_cholesky(L_B)

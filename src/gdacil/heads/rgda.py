@@ -8,9 +8,46 @@ from .._validation import check_nonnegative
 from ..linalg import logdet_from_cholesky, psd_cholesky
 from .base import GaussianHead, stack_rows
 
-__all__ = ["RGDA", "QDA", "regularized_covariances"]
+__all__ = ["RGDA", "QDA", "regularized_covariances", "identity_scale", "IDENTITY_SCALES"]
 
 PAPER_ALPHAS = (0.2, 2.0, 0.5)
+
+#: How the identity term ``alpha3 I`` is measured: ``"trace"`` (gdacil's default) in units of
+#: ``tr(Sigma_avg) / d``, the mean per-dimension within-class variance, so predictions do not
+#: change when every feature is multiplied by a constant; ``"absolute"`` (the paper's) as given.
+IDENTITY_SCALES = ("trace", "absolute")
+
+
+def check_identity_scale(value) -> str:
+    if value not in IDENTITY_SCALES:
+        raise ValueError(f"identity_scale must be one of {IDENTITY_SCALES}; got {value!r}")
+    return value
+
+
+def base_covariance_terms(stats, alpha2: float, alpha3: float, how: str, device):
+    """``(Sigma_avg, alpha3 * unit, unit)``: the average class covariance (zeros when no term
+    needs it) and the identity term in the units of :func:`identity_scale`."""
+    d = stats.dim
+    if alpha2 or (alpha3 and how == "trace"):
+        avg = stats.average_covariance().to(device)
+    else:
+        avg = torch.zeros(d, d, dtype=torch.float64, device=device)
+    unit = identity_scale(stats, avg, how) if alpha3 else 1.0
+    return avg, alpha3 * unit, unit
+
+
+def identity_scale(stats, avg: torch.Tensor, how: str) -> float:
+    """The unit of the identity term (see :data:`IDENTITY_SCALES`): ``tr(Sigma_avg) / d`` for the
+    average class covariance ``avg``. Classes with no within-class variance (one sample each)
+    fall back to the mean per-dimension variance of the class means, and a single point to 1.
+    Every case is a function of the statistics alone, so it merges exactly."""
+    if check_identity_scale(how) == "absolute":
+        return 1.0
+    scale = float(avg.trace()) / avg.shape[0]
+    if scale <= 0.0:
+        mu = stats.means.to(torch.float64)
+        scale = float((mu - mu.mean(0)).square().mean())
+    return scale if scale > 0.0 else 1.0
 
 
 def check_alphas(alpha1, alpha2, alpha3) -> tuple[float, float, float]:
@@ -40,7 +77,11 @@ class RGDA(GaussianHead):
 
     Parameters
     ----------
-    alpha1, alpha2, alpha3 : float >= 0, default (0.2, 2.0, 0.5) (the paper's)
+    alpha1, alpha2, alpha3 : float >= 0, default (0.2, 2.0, 0.5) (the paper's values)
+    identity_scale : {"trace", "absolute"}, default "trace"
+        ``"trace"`` adds ``alpha3 * tr(Sigma_avg) / d * I``, so the head gives the same predictions
+        on features in any units (raw, LayerNorm, L2-normalised); ``"absolute"`` adds
+        ``alpha3 * I`` as the paper does (:meth:`paper`). See :data:`IDENTITY_SCALES`.
     priors, device, dtype, class_batch_size
         See :class:`~gdacil.heads.base.GaussianHead`.
 
@@ -57,11 +98,18 @@ class RGDA(GaussianHead):
     """
 
     def __init__(self, alpha1=PAPER_ALPHAS[0], alpha2=PAPER_ALPHAS[1], alpha3=PAPER_ALPHAS[2], *,
-                 priors=None, device=None, dtype=torch.float64, class_batch_size="auto"):
+                 identity_scale="trace", priors=None, device=None, dtype=torch.float64,
+                 class_batch_size="auto"):
         super().__init__(priors=priors, device=device, dtype=dtype, class_batch_size=class_batch_size)
         self.alpha1 = alpha1
         self.alpha2 = alpha2
         self.alpha3 = alpha3
+        self.identity_scale = identity_scale
+
+    @classmethod
+    def paper(cls, **params):
+        """The paper's setting: alphas (0.2, 2.0, 0.5) with an absolute identity term."""
+        return cls(*PAPER_ALPHAS, identity_scale="absolute", **params)
 
     def _alphas(self) -> tuple[float, float, float]:
         return check_alphas(self.alpha1, self.alpha2, self.alpha3)
@@ -69,12 +117,13 @@ class RGDA(GaussianHead):
     def _check_params(self) -> None:
         super()._check_params()
         self._alphas()
+        check_identity_scale(self.identity_scale)
 
     def _build(self, stats, log_priors):
         a1, a2, a3 = self._alphas()
         d = stats.dim
-        avg = stats.average_covariance().to(self.device_) if a2 else torch.zeros(
-            d, d, dtype=torch.float64, device=self.device_)
+        avg, a3, self.identity_scale_ = base_covariance_terms(stats, a2, a3, self.identity_scale,
+                                                              self.device_)
         eye = torch.eye(d, dtype=torch.float64, device=self.device_)
         quads, quad_biases, biases = [], [], []
         for _, _, mu, covs in stats.iter_batches(self._block_size(d + 1)):
@@ -94,7 +143,9 @@ class QDA(RGDA):
     """Quadratic discriminant analysis: RGDA with ``Sigma_c^reg = (1 - reg_param) Sigma_c + reg_param I``.
 
     With ``reg_param = 0`` this is plain QDA (``alpha1 = 1, alpha2 = alpha3 = 0``); the
-    regularisation matches scikit-learn's ``QuadraticDiscriminantAnalysis(reg_param=...)``
+    regularisation matches scikit-learn's ``QuadraticDiscriminantAnalysis(reg_param=...)``, so
+    ``reg_param`` is absolute (with the default ``reg_param = 0`` predictions do not depend on the
+    features' units)
     (scikit-learn >= 1.8 estimates class covariances with ``1/n``, i.e. statistics with
     ``ddof=0``; older releases used ``1/(n-1)``).
 
@@ -114,6 +165,7 @@ class QDA(RGDA):
         GaussianHead.__init__(self, priors=priors, device=device, dtype=dtype,
                               class_batch_size=class_batch_size)
         self.reg_param = reg_param
+        self.identity_scale = "absolute"  # scikit-learn's reg_param, not a constructor argument
 
     def _alphas(self) -> tuple[float, float, float]:
         r = check_nonnegative(self.reg_param, "reg_param")

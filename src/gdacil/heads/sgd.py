@@ -23,6 +23,10 @@ class SGDHead(GaussianHead):
     ``patience`` consecutive steps (``None`` disables it; the reference code's check is
     effectively never reached, so it always runs all ``T`` steps).
 
+    The pseudo-features are standardised by one scalar (centred at the mean of the class means,
+    divided by the root mean per-dimension variance) and the standardisation is folded into the
+    weights, so the head is the same whatever the units of the features.
+
     Every draw (initial weights, pools, minibatches) comes from a generator seeded with
     ``random_state``: two fits on the same statistics give identical heads.
 
@@ -110,10 +114,12 @@ class SGDHead(GaussianHead):
         smoothed, best, since_best, self.loss_curve_ = None, math.inf, 0, []
         step = 0
         factors = stats.sampling_factors()  # factor once, redraw the pool many times
+        center, unit = _standardizer(stats)
         while step < total:
             X, y = stats.sample(self.samples_per_class, generator=gen, factors=factors,
                                 dtype=torch.float32)
-            X, target = X.to(self.device_), stats.positions(y.tolist()).to(self.device_)
+            X = ((X.double() - center) / unit).float().to(self.device_)
+            target = stats.positions(y.tolist()).to(self.device_)
             for _ in range(min(self.resample_every, total - step)):
                 idx = torch.randint(0, X.shape[0], (self.batch_size,), generator=gen).to(self.device_)
                 loss = torch.nn.functional.cross_entropy(torch.addmm(b, X[idx], W.T), target[idx])
@@ -134,5 +140,18 @@ class SGDHead(GaussianHead):
             if self.patience is not None and since_best >= self.patience:
                 break
         self.n_steps_ = step
-        bias = b.detach().double() + log_priors.to(self.device_) + math.log(C)
-        return (*stack_rows(W.detach().double(), bias), 1.0)
+        # trained on (x - center) / unit: fold the standardisation into the weights
+        W = W.detach().double().cpu() / unit
+        bias = b.detach().double().cpu() - W @ center + log_priors + math.log(C)
+        return (*stack_rows(W, bias), 1.0)
+
+
+def _standardizer(stats) -> tuple[torch.Tensor, float]:
+    """``(center, unit)``: the mean of the class means and the root mean per-dimension variance
+    around it (within and between classes). Training on ``(x - center) / unit`` makes the fitted
+    classifier the same whatever the units of the features."""
+    mu = stats.means.cpu()
+    center = mu.mean(0)
+    variance = float(stats.average_covariance().trace()) / stats.dim
+    variance += float((mu - center).square().mean())
+    return center, math.sqrt(variance) if variance > 0 else 1.0
