@@ -6,6 +6,7 @@ import importlib
 
 BENCHMARKS = {
     "heads": "gdacil.bench.heads",
+    "defaults": "gdacil.bench.defaults",
     "drift": "gdacil.bench.drift",
     "strategies": "gdacil.bench.strategies",
     "scale": "gdacil.bench.scale",
