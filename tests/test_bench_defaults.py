@@ -4,8 +4,9 @@ import numpy as np
 import torch
 
 from gdacil import ClassGaussians
-from gdacil.bench.defaults import run_cell, task_classes
+from gdacil.bench.defaults import head_entries
 from gdacil.bench.featuresets import scale_features, split
+from gdacil.bench.incremental import run_cell, task_classes
 from gdacil.heads import LRRGDA, NCM
 
 
@@ -42,7 +43,8 @@ def test_scalings_are_exact():
 
 def test_last_acc_equals_a_direct_fit_on_all_classes():
     X, y = blobs()
-    cell = run_cell(X, y, n_tasks=3, test_fraction=1 / 3, seed=2, heads=["ncm", "lr_rgda"])
+    cell = run_cell(X, y, n_tasks=3, test_fraction=1 / 3, seed=2,
+                    heads={name: head_entries()[name] for name in ("ncm", "lr_rgda")})
     train, test = split(y, 1 / 3, seed=2)
     stats = ClassGaussians(X.shape[1]).update(X[train], torch.from_numpy(y[train]))
     for name, head in (("ncm", NCM()), ("lr_rgda", LRRGDA())):

@@ -16,7 +16,7 @@ EPILOG = """examples:
   gdacil run demo --set seeds=[1,2,3]           a shipped config with overrides
   gdacil run my.yaml --set heads.lr_rgda.rank=32 --resume
   torchrun --nproc_per_node 2 -m gdacil run my.yaml   data-parallel on 2 processes
-  gdacil bench heads --quick                    head build time, throughput and memory
+  gdacil bench speed --quick                    head build time, throughput and memory
   gdacil bench scale --classes 1000 10000       LR-RGDA memory, builds, pruned inference at scale
   gdacil list heads
 """
@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     experiment_options(demo)
     demo.set_defaults(func=_demo)
 
-    bench = sub.add_parser("bench", help="benchmarks (heads, drift, strategies, scale)",
+    bench = sub.add_parser("bench", help="benchmarks (speed, defaults, heads, drift, strategies, scale, ranpac-lambda)",
                            description="Run a benchmark; `gdacil bench NAME --help` lists its options.")
     bench.add_argument("name", help="benchmark name (gdacil list benchmarks)")
     bench.add_argument("options", nargs=argparse.REMAINDER, help="options for the benchmark")

@@ -12,7 +12,7 @@ import torch
 
 from ..io import atomic_write_text
 
-__all__ = ["best_time", "machine_info", "gemm_rate", "write_json", "markdown_table"]
+__all__ = ["best_time", "gemm_rate", "machine_info", "markdown_table", "save_figure", "write_json"]
 
 
 def best_time(fn, *, repeats: int = 3, warmup: int = 1) -> float:
@@ -59,6 +59,18 @@ def gemm_rate(dtype: torch.dtype = torch.float32, *, shapes=((2048, 2048, 2048),
 
 def write_json(path: str | os.PathLike, payload: dict) -> Path:
     return atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+def save_figure(fig, path: str | os.PathLike, *, dpi: int = 120) -> Path:
+    """Save a matplotlib figure atomically (a temporary file renamed over ``path``) and close it."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    fig.savefig(tmp, dpi=dpi)
+    plt.close(fig)
+    return tmp.replace(path)
 
 
 def markdown_table(header: list[str], rows: list[list]) -> str:

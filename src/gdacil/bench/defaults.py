@@ -9,92 +9,39 @@ this measures the heads alone. Last-Acc is the accuracy after the final task, In
 over tasks. The paper's absolute regularisation runs beside gdacil's defaults (``*_paper``).
 
 Regenerate: ``python -m gdacil bench defaults --out benchmarks`` (writes ``defaults.json`` and
-``defaults.md``; committed results are overwritten only with ``--overwrite``).
+``defaults.md``, and one file per measured cell under ``incremental_runs/``, shared with ``gdacil
+bench heads``, from which an interrupted run continues; committed results are overwritten only
+with ``--overwrite``).
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
-import numpy as np
-import torch
-
-from ..stats import ClassGaussians
 from .common import machine_info, markdown_table, write_json
-from .featuresets import FEATURE_SETS, SCALINGS, load_features, scale_features, split
+from .featuresets import FEATURE_SETS, SCALINGS
+from .incremental import RUNS_DIR, TASKS, HeadEntry, run_cells
 
-__all__ = ["HEAD_FACTORIES", "TASKS", "run_cell", "run", "render", "main"]
-
-#: Tasks per feature set (classes are dealt out in class order, the first tasks take the extra ones)
-TASKS = {"wordnet-hypernym": 10, "wordnet-supersense": 8, "openclipart": 4, "fashion-mnist": 5}
+__all__ = ["HEAD_FACTORIES", "head_entries", "main", "render", "run"]
 
 
-def _heads():
+def head_entries() -> dict[str, HeadEntry]:
+    """gdacil's heads with their defaults, and the paper's presets (``*_paper``)."""
     from ..heads import LDA, LRRGDA, NCM, QDA, RGDA, SGDHead
 
-    return {
-        "ncm": NCM,
-        "lda": LDA,
-        "qda": QDA,
-        "rgda": RGDA,
-        "lr_rgda": LRRGDA,
-        "sgd": SGDHead,
-        "lda_paper": LDA.paper,
-        "rgda_paper": RGDA.paper,
-        "lr_rgda_paper": LRRGDA.paper,
-    }
+    factories = {"ncm": NCM, "lda": LDA, "qda": QDA, "rgda": RGDA, "lr_rgda": LRRGDA,
+                 "sgd": SGDHead, "lda_paper": LDA.paper, "rgda_paper": RGDA.paper,
+                 "lr_rgda_paper": LRRGDA.paper}
+    return {name: HeadEntry(factory) for name, factory in factories.items()}
 
 
-HEAD_FACTORIES = tuple(_heads())
+HEAD_FACTORIES = tuple(head_entries())
 
 
-def task_classes(classes: np.ndarray, n_tasks: int, seed: int) -> list[np.ndarray]:
-    """The seed's class order cut into ``n_tasks`` tasks."""
-    order = np.random.default_rng([seed, 0]).permutation(classes)
-    return [t for t in np.array_split(order, n_tasks) if len(t)]
-
-
-def run_cell(X: torch.Tensor, y: np.ndarray, *, n_tasks: int, test_fraction: float, seed: int,
-             heads: list[str]) -> dict:
-    """Last-Acc, Inc-Acc (percent) and build seconds of every head on one (features, seed)."""
-    factories = _heads()
-    train, test = split(y, test_fraction, seed)
-    stats = ClassGaussians(X.shape[1])
-    built = {name: factories[name]() for name in heads}
-    accs = {name: [] for name in heads}
-    fit_s = dict.fromkeys(heads, 0.0)
-    seen: list[int] = []
-    for classes in task_classes(np.unique(y), n_tasks, seed):
-        rows = train[np.isin(y[train], classes)]
-        stats.update(X[rows], torch.from_numpy(y[rows]))
-        seen.extend(classes.tolist())
-        rows = test[np.isin(y[test], seen)]
-        X_test, y_test = X[rows], torch.from_numpy(y[rows])
-        for name, head in built.items():
-            start = time.perf_counter()
-            head.fit(stats)
-            fit_s[name] += time.perf_counter() - start
-            accs[name].append(100.0 * float((head.predict(X_test) == y_test).double().mean()))
-    return {name: {"last_acc": a[-1], "inc_acc": float(np.mean(a)), "fit_s": fit_s[name]}
-            for name, a in accs.items()}
-
-
-def run(feature_sets, scalings, seeds, heads, *, log=print) -> dict:
-    cells = []
-    for name in feature_sets:
-        X_raw, y = load_features(name)
-        for scaling in scalings:
-            X = scale_features(X_raw.double(), scaling)
-            per_seed = [run_cell(X, y, n_tasks=TASKS[name], seed=seed, heads=heads,
-                                 test_fraction=FEATURE_SETS[name].test_fraction) for seed in seeds]
-            summary = {h: {k: float(np.mean([r[h][k] for r in per_seed])) for k in per_seed[0][h]}
-                       for h in heads}
-            cells.append({"features": name, "scaling": scaling, "heads": summary,
-                          "seeds": {str(s): r for s, r in zip(seeds, per_seed)}})
-            log(f"{name} {scaling}: " + ", ".join(f"{h} {v['last_acc']:.2f}"
-                                                  for h, v in summary.items()))
+def run(feature_sets, scalings, seeds, heads, *, runs_dir=None, log=print) -> dict:
+    entries = {name: head_entries()[name] for name in heads}
+    cells = run_cells(feature_sets, scalings, seeds, entries, runs_dir=runs_dir, log=log)
     return {"benchmark": "defaults", "default_head": "lr_rgda", "seeds": list(seeds),
             "tasks": {n: TASKS[n] for n in feature_sets}, "machine": machine_info(),
             "cells": cells}
@@ -126,13 +73,14 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks"),
                         help="directory for defaults.json and defaults.md (default benchmarks/)")
     parser.add_argument("--overwrite", action="store_true",
-                        help="replace results already in --out")
+                        help="replace results already in --out (measured cells are kept in "
+                             "--out/incremental_runs/ and reused unless you delete them)")
     args = parser.parse_args(argv)
     target = args.out / "defaults.json"
     if target.exists() and not args.overwrite:
         parser.error(f"{target} exists; pass --overwrite to replace it, or another --out")
     payload = run(args.features, args.scalings, args.seeds, args.heads,
-                  log=lambda line: print(line, flush=True))
+                  runs_dir=args.out / RUNS_DIR, log=lambda line: print(line, flush=True))
     write_json(target, payload)
     from ..io import atomic_write_text
 

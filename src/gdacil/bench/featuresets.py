@@ -21,7 +21,7 @@ import torch
 
 from ..backbones.base import normalize_features
 
-__all__ = ["FeatureSet", "FEATURE_SETS", "SCALINGS", "scale_features", "load_features", "split"]
+__all__ = ["FEATURE_SETS", "SCALINGS", "FeatureSet", "load_features", "scale_features", "split"]
 
 SCALINGS = ("raw", "ln", "l2")
 

@@ -41,9 +41,9 @@ from pathlib import Path
 import torch
 
 from ..io import atomic_write_text
-from .common import best_time, machine_info, markdown_table, write_json
+from .common import best_time, machine_info, markdown_table, save_figure, write_json
 
-__all__ = ["ScaleBenchConfig", "QUICK", "SyntheticClasses", "measure", "run", "main"]
+__all__ = ["QUICK", "ScaleBenchConfig", "SyntheticClasses", "main", "measure", "run"]
 
 
 @dataclass
@@ -302,8 +302,7 @@ def plot(payload: dict, path: Path) -> None:
     for ax in (a, b):
         ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ __all__ = ["GaussianHead", "NotFittedError"]
 
 # Scoring blocks small enough that the (samples, classes, rows) buffer stays in the last-level
 # cache: the squared-norm pass then reads it from cache, and the GEMM runs near peak (see
-# benchmarks/heads.md). Building works on covariances and may use larger blocks.
+# benchmarks/speed.md). Building works on covariances and may use larger blocks.
 _SCORE_BUFFER_BYTES = 8 * 2**20
 _BUILD_BUFFER_BYTES = 64 * 2**20
 
