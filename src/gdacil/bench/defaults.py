@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import torch
+
 from .common import machine_info, markdown_table, write_json
 from .featuresets import FEATURE_SETS, SCALINGS
 from .incremental import RUNS_DIR, TASKS, HeadEntry, run_cells
@@ -72,10 +74,14 @@ def main(argv=None) -> int:
     parser.add_argument("--heads", nargs="+", default=list(HEAD_FACTORIES), choices=HEAD_FACTORIES)
     parser.add_argument("--out", type=Path, default=Path("benchmarks"),
                         help="directory for defaults.json and defaults.md (default benchmarks/)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1: timings stay meaningful on a shared "
+                             "machine, where oversubscribed threads slow LAPACK down many times)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace results already in --out (measured cells are kept in "
                              "--out/incremental_runs/ and reused unless you delete them)")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     target = args.out / "defaults.json"
     if target.exists() and not args.overwrite:
         parser.error(f"{target} exists; pass --overwrite to replace it, or another --out")

@@ -21,6 +21,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from .common import machine_info, markdown_table, save_figure, write_json
 from .featuresets import FEATURE_SETS, SCALINGS
@@ -131,10 +132,14 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks"),
                         help="directory for anchors.{json,md,png} and incremental_runs/ "
                              "(default benchmarks/)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1: timings stay meaningful on a shared "
+                             "machine, where oversubscribed threads slow LAPACK down many times)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace results already in --out (measured cells are kept in "
                              "--out/incremental_runs/ and reused unless you delete them)")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     target = args.out / "anchors.json"
     if target.exists() and not args.overwrite:
         parser.error(f"{target} exists; pass --overwrite to replace it, or another --out")

@@ -9,9 +9,10 @@ FeCAM with its own transform). After every task it is scored on the test samples
 seen so far. Last-Acc is the accuracy after the final task, Inc-Acc the mean over tasks.
 
 Per head and cell we also record ``fit_s`` (taking in every task's data and building the head,
-up to its first prediction, summed over tasks), ``predict_per_s`` (test samples scored per
-second after the final task) and ``peak_mib`` (the most resident memory the head's run added
-above what the process held when it started, sampled every few milliseconds on Linux).
+up to its first prediction, summed over tasks, with ``threads`` torch threads),
+``predict_per_s`` (test samples scored per second after the final task) and ``peak_mib`` (the
+most resident memory the head's run added above what the process held when it started, sampled
+every few milliseconds on Linux).
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def run_head(entry: HeadEntry, X: torch.Tensor, y: np.ndarray, train: np.ndarray
         del head, stats
     return {"last_acc": accs[-1], "inc_acc": float(np.mean(accs)), "fit_s": fit_s,
             "predict_per_s": len(X_test) / max(predict_s, 1e-9),
-            "peak_mib": memory.peak_bytes / 2**20}
+            "peak_mib": memory.peak_bytes / 2**20, "threads": torch.get_num_threads()}
 
 
 def run_cell(X: torch.Tensor, y: np.ndarray, *, n_tasks: int, test_fraction: float, seed: int,
