@@ -153,20 +153,23 @@ def test_linear_sldc_recovers_a_rotation_with_normalised_anchors():
     torch.testing.assert_close(sldc.W_, Q, rtol=1e-10, atol=1e-10)
 
 
-def test_linear_sldc_default_matches_closed_form():
+@pytest.mark.parametrize("preset", ["recommended", "paper"])
+def test_linear_sldc_matches_closed_form(preset):
     old = random_anchors(n=12)
     new = old + torch.tanh(old)
-    sldc = LinearSLDC(cov_jitter=1e-3).fit(old, new)
+    sldc = LinearSLDC.from_preset(preset, cov_jitter=1e-3).fit(old, new)
     X = (old / old.norm(dim=1, keepdim=True)).numpy()
     Y = (new / new.norm(dim=1, keepdim=True)).numpy()
-    # ridge as least squares on the augmented system [X; sqrt(gamma) I] W = [Y; 0]
+    # ridge as least squares on the augmented system [X; sqrt(gamma) I] W = [Y; sqrt(gamma) W0],
+    # W0 = I (gdacil's ridge toward the identity) or 0 (the reference code's)
+    W0 = np.eye(5) if preset == "recommended" else np.zeros((5, 5))
     Xa = np.vstack([X, math.sqrt(0.1) * np.eye(5)])
-    Ya = np.vstack([Y, np.zeros((5, 5))])
+    Ya = np.vstack([Y, math.sqrt(0.1) * W0])
     W = np.linalg.lstsq(Xa, Ya, rcond=None)[0]
     w = math.exp(-12 / 5)
     expected = torch.from_numpy((1 - w) * W + w * np.eye(5))
     torch.testing.assert_close(sldc.W_, expected, rtol=1e-10, atol=1e-12)
-    assert sldc.shrinkage_ == pytest.approx(w)
+    assert sldc.shrinkage_ == pytest.approx(w) and sldc.ridge_ == pytest.approx(0.1, rel=1e-12)
     stats, _, _ = stats_and_samples()
     out = sldc.transform(stats)
     torch.testing.assert_close(out.means, stats.means @ expected)
@@ -313,7 +316,6 @@ def test_zero_norm_anchors_are_rejected_where_normalised(cls):
 
 
 @pytest.mark.parametrize("params,match", [
-    ({"topk": 51}, r"topk=51 exceeds the number of anchors N=50"),
     ({"tau": 0.0}, "tau must be > 0"),
     ({"tau": float("nan")}, "tau"),
     ({"topk": 0}, "topk"),

@@ -88,17 +88,20 @@ def test_tau_to_zero_is_nearest_anchor_drift():
         torch.testing.assert_close(hop.drift_at(Z), (new - old)[nearest], rtol=0, atol=1e-12)
 
     # the whole transform, too: identical to pushing the same pseudo-samples by their
-    # nearest anchor's drift
+    # nearest anchor's drift (moment-matched in the recommended preset, plain in the paper's)
     stats = small_stats()
-    hop = HopDC(tau=1e-7, topk=5, n_samples=300, dtype="float64", seed=9).fit(old, new)
 
     def nearest_push(Z):
         return Z + (new - old)[(unit(Z) @ unit(old).T).argmax(dim=1)]
 
-    ref = resample_moments(stats, stats.classes, nearest_push, n_samples=300, generator=gen(9))
-    out = hop.transform(stats)
-    torch.testing.assert_close(out.means, ref.means, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(out.covariances(), ref.covariances(), rtol=1e-10, atol=1e-12)
+    for preset, matched in (("recommended", True), ("paper", False)):
+        hop = HopDC.from_preset(preset, tau=1e-7, topk=5, n_samples=300, dtype="float64", seed=9)
+        out = hop.fit(old, new).transform(stats)
+        ref = resample_moments(stats, stats.classes, nearest_push, n_samples=300,
+                               generator=gen(9), match_moments=matched)
+        # 1e-8: a pseudo-sample within ~1e-6 of a tie still splits its weight by ~1e-9
+        torch.testing.assert_close(out.means, ref.means, rtol=1e-8, atol=1e-8)
+        torch.testing.assert_close(out.covariances(), ref.covariances(), rtol=1e-8, atol=1e-8)
 
 
 def test_attention_is_computed_in_bounded_chunks(monkeypatch):
@@ -164,13 +167,16 @@ def test_error_bounds_of_proposition_2(seed, n, d, tau, topk, lip):
 # ------------------------------------------------------------------ statistics transform
 
 
-def test_transform_matches_bruteforce_pipeline():
+@pytest.mark.parametrize("preset,matched", [("recommended", True), ("paper", False)])
+def test_transform_matches_bruteforce_pipeline(preset, matched):
     old, new = anchors()
     stats = small_stats()
-    hop = HopDC(tau=0.1, topk=25, n_samples=200, dtype="float64", seed=3).fit(old, new)
+    hop = HopDC.from_preset(preset, tau=0.1, topk=25, n_samples=200, dtype="float64", seed=3)
+    hop.fit(old, new)
+    assert hop.match_moments_ is matched
     ref = resample_moments(
         stats, stats.classes, lambda Z: Z + dense_drift(Z, old, new, 0.1, 25),
-        n_samples=200, generator=gen(3),
+        n_samples=200, generator=gen(3), match_moments=matched,
     )
     out = hop.transform(stats)
     torch.testing.assert_close(out.means, ref.means, rtol=1e-12, atol=1e-12)
@@ -245,9 +251,14 @@ def test_same_seed_is_bit_identical_and_seeds_matter():
     assert not torch.equal(hop.transform(stats).means, hop.transform(stats).means)
 
 
-def test_defaults_follow_the_paper():
-    hop = HopDC()
-    assert (hop.tau, hop.topk, hop.n_samples, hop.damping) == (0.05, 400, 2000, 0.0)
+def test_presets_follow_the_paper_except_for_moment_matching():
+    paper, recommended = HopDC.paper(), HopDC.recommended()
+    assert (paper.tau, paper.topk, paper.n_samples, paper.damping) == (0.05, 400, 2000, 0.0)
+    assert paper.match_moments is False and recommended.match_moments == "auto"
+    assert recommended.get_config() == HopDC().get_config()     # the constructor's defaults
+    differ = {k for k, v in paper.get_config().items() if recommended.get_config()[k] != v}
+    assert differ == {"match_moments"}
+    assert HopDC.paper(tau=0.1).tau == 0.1 and HopDC.paper(tau=0.1).match_moments is False
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

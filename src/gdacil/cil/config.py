@@ -106,7 +106,9 @@ class ExperimentConfig:
     # Stage-1 strategy: {"name": ..., "defaults": "paper" | "reference", **overrides}
     strategy: dict = field(default_factory=lambda: {"name": "frozen"})
     # one track of class statistics per compensator: label -> {"name": ..., **hyperparameters},
-    # plus optionally "anchors": how many of the run's external anchors the track uses
+    # optionally "defaults": the preset they start from ("recommended" when absent; "paper" for
+    # HopDC and alpha1-SLDC as the paper ran them), and "anchors": how many of the run's
+    # external anchors the track uses
     compensators: dict = field(default_factory=lambda: {"none": {"name": "identity"}})
     anchors: AnchorConfig = field(default_factory=AnchorConfig)
     drift_diagnostics: bool = False  # compare each track with recomputed (oracle) statistics

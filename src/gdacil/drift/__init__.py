@@ -2,7 +2,8 @@
 
 Every compensator follows one contract (:class:`Compensator`)::
 
-    comp = get_compensator("hopdc", tau=0.05, topk=400)
+    comp = get_compensator("hopdc")                         # gdacil's recommended HopDC
+    comp = get_compensator("hopdc", defaults="paper")       # the paper's, exactly
     comp.fit(old_anchor_features, new_anchor_features)      # same N unlabelled anchors
     new_stats = comp.transform(stats, labels=old_classes)   # a new ClassGaussians
 
@@ -54,14 +55,20 @@ COMPENSATORS: dict[str, type[Compensator]] = {
 
 
 def get_compensator(name: str | dict[str, Any], **config) -> Compensator:
-    """A compensator from its registry name and hyperparameters.
+    """A compensator from its registry name, a preset and hyperparameters.
 
-    ``name`` may also be a dict as returned by :meth:`Compensator.get_config` (its ``"name"``
-    entry picks the class, the rest are hyperparameters; ``config`` overrides them).
+    ``name`` may also be a dict as written in experiment configs or returned by
+    :meth:`Compensator.get_config` (its ``"name"`` entry picks the class, the rest are
+    hyperparameters; ``config`` overrides them). The optional ``defaults`` entry names the preset
+    the hyperparameters start from (:attr:`Compensator.presets`; ``"recommended"``, the
+    constructor's defaults, when absent): ``{"name": "hopdc", "defaults": "paper", "tau": 0.1}``
+    is the paper's HopDC with ``tau = 0.1``.
 
     >>> from gdacil.drift import get_compensator
     >>> get_compensator("hopdc", tau=0.1).tau
     0.1
+    >>> get_compensator({"name": "hopdc", "defaults": "paper"}).match_moments
+    False
     >>> get_compensator(get_compensator("sdc", sigma=0.5).get_config()).sigma
     0.5
     """
@@ -72,7 +79,8 @@ def get_compensator(name: str | dict[str, Any], **config) -> Compensator:
         cls = COMPENSATORS[name]  # type: ignore[index]
     except (KeyError, TypeError):
         raise ValueError(f"unknown compensator {name!r}; known: {sorted(COMPENSATORS)}") from None
+    preset = config.pop("defaults", "recommended")
     try:
-        return cls(**config)
+        return cls.from_preset(preset, **config)
     except TypeError as err:
         raise ValueError(f"bad configuration for compensator {name!r}: {err}") from None

@@ -10,6 +10,10 @@ feature space::
 Compensators are dataclasses: the constructor only stores the arguments (checked in ``fit``),
 fitted state ends with ``_``, ``fit`` returns ``self``, and :meth:`Compensator.get_config` gives a
 JSON-serialisable dict that :func:`gdacil.drift.get_compensator` turns back into a compensator.
+
+Each compensator has named presets (:attr:`Compensator.presets`): ``recommended`` is what the
+constructor's defaults give; ``HopDC`` and ``LinearSLDC`` also have ``paper``, the setting of the
+HopDC paper and its reference code. :meth:`Compensator.from_preset` builds one with overrides.
 """
 
 from __future__ import annotations
@@ -87,7 +91,21 @@ class Compensator(abc.ABC):
     """
 
     name: ClassVar[str] = ""
+    #: Named hyperparameter sets: preset name -> the field values it sets (the others keep the
+    #: constructor's defaults). ``recommended`` is the constructor's defaults.
+    presets: ClassVar[dict[str, dict[str, Any]]] = {"recommended": {}}
     _normalized_sets: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def from_preset(cls, preset: str = "recommended", /, **overrides) -> Compensator:
+        """The compensator with the hyperparameters of ``preset``, updated by ``overrides``.
+
+        Raises ``ValueError`` listing the known presets for a name this compensator lacks.
+        """
+        if not isinstance(preset, str) or preset not in cls.presets:
+            raise ValueError(f"compensator {cls.name!r} has no preset {preset!r}; its presets: "
+                             f"{', '.join(cls.presets)}")
+        return cls(**{**cls.presets[preset], **overrides})
 
     # ---------------------------------------------------------------- public API
     def fit(self, old_features, new_features) -> Compensator:

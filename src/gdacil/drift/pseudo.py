@@ -18,12 +18,15 @@ Noise options:
 - ``match_moments=True`` (not in the paper or the reference code): ``E`` is centred and whitened so
   that its sample mean is exactly 0 and its ``1/M`` sample covariance exactly ``I``. Then the
   pseudo-samples have exactly the stored mean and covariance, an affine ``push`` is reproduced
-  exactly, and only the non-affine part of the map carries sampling error. Needs ``M > d``.
+  exactly, and only the non-affine part of the map carries sampling error. Needs ``M > d``
+  (``M <= d`` samples cannot have a full-rank covariance): ``True`` raises at ``fit`` otherwise,
+  ``"auto"`` matches where ``M > d`` and otherwise draws plain samples with a ``UserWarning``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -106,14 +109,15 @@ def resample_moments(
 class PseudoSampling:
     """The pseudo-sample hyperparameters, shared by the compensators that use this step.
 
-    ``n_samples`` (M), ``shared_noise``, ``match_moments``, ``jitter`` and ``class_batch`` are
-    passed to :func:`resample_moments`; ``seed`` (an int, or a ``torch.Generator`` that every
-    call advances) is the source of the noise.
+    ``n_samples`` (M), ``shared_noise``, ``jitter`` and ``class_batch`` are passed to
+    :func:`resample_moments`, and so is ``match_moments`` (``True``, ``False`` or ``"auto"``) as
+    resolved at ``fit`` for the anchors' dimension (``match_moments_``); ``seed`` (an int, or a
+    ``torch.Generator`` that every call advances) is the source of the noise.
     """
 
     n_samples: int = 2000
     shared_noise: bool = True
-    match_moments: bool = False
+    match_moments: bool | str = False
     jitter: float = 0.0
     class_batch: int = 8
     seed: int | torch.Generator = 0
@@ -123,12 +127,30 @@ class PseudoSampling:
         check_nonnegative(self.jitter, "jitter")
         check_positive_int(self.class_batch, "class_batch")
         make_generator(self.seed)
+        if not (isinstance(self.match_moments, bool) or self.match_moments == "auto"):
+            raise ValueError(f"match_moments must be True, False or 'auto'; "
+                             f"got {self.match_moments!r}")
+
+    def _resolve_match_moments(self, dim: int) -> bool:
+        """Whether ``dim``-dimensional pseudo-samples are moment-matched (called by ``_fit``)."""
+        if self.n_samples > dim or self.match_moments is False:
+            return bool(self.match_moments)
+        if self.match_moments is True:
+            raise ValueError(f"match_moments=True needs more pseudo-samples than dimensions; got "
+                             f"n_samples={self.n_samples} for dimension d={dim}: pass "
+                             f"n_samples > {dim}, or match_moments='auto' (plain samples where "
+                             f"n_samples <= d) or False")
+        warnings.warn(f"match_moments='auto' draws plain (not moment-matched) pseudo-samples: "
+                      f"n_samples={self.n_samples} is not above the dimension d={dim}; pass "
+                      f"n_samples > {dim} to match the moments, or match_moments=False",
+                      UserWarning, stacklevel=4)
+        return False
 
     def _resample(self, stats: ClassGaussians, labels: Sequence[int],
                   push: Callable[[torch.Tensor], torch.Tensor], *, damping: float = 0.0
                   ) -> ClassGaussians:
         return resample_moments(
             stats, labels, push, n_samples=self.n_samples, generator=make_generator(self.seed),
-            shared_noise=self.shared_noise, match_moments=self.match_moments, jitter=self.jitter,
+            shared_noise=self.shared_noise, match_moments=self.match_moments_, jitter=self.jitter,
             damping=damping, class_batch=self.class_batch,
         )
