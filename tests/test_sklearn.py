@@ -3,6 +3,7 @@ scikit-learn's LDA/QDA, labels, pipelines and errors."""
 
 import inspect
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -181,9 +182,49 @@ def test_binary_decision_function_is_the_log_odds():
                                atol=1e-10)
 
 
-def test_single_class_predicts_it():
+def test_fit_refuses_a_single_class_like_scikit_learn():
     X, _ = blobs([0])
-    clf = LDAClassifier().fit(X, ["only"] * len(X))
+    y = ["only"] * len(X)
+    with pytest.raises(ValueError, match="number of classes has to be greater than one"):
+        QuadraticDiscriminantAnalysis().fit(X, y)
+    for clf in (LDAClassifier(), NCMClassifier(), QDAClassifier(), LRRGDAClassifier(rank=2)):
+        with pytest.raises(ValueError, match="number of classes has to be greater than one"):
+            clf.fit(X, y)
+        assert not hasattr(clf, "stats_")
+
+
+def test_priors_that_do_not_sum_to_one_warn_and_renormalise_like_scikit_learn():
+    X, y = blobs([0, 1, 2])
+    with pytest.warns(UserWarning, match="priors do not sum to 1"):
+        reference = LinearDiscriminantAnalysis(priors=[2.0, 1.0, 1.0]).fit(X, y)
+    np.testing.assert_allclose(reference.priors_, [0.5, 0.25, 0.25])
+    normalised = NCMClassifier(priors=[0.5, 0.25, 0.25]).fit(X, y)
+    for priors in ([2.0, 1.0, 1.0], {0: 2.0, 1: 1.0, 2: 1.0}):
+        with pytest.warns(UserWarning, match="priors do not sum to 1"):
+            clf = NCMClassifier(priors=priors).fit(X, y)
+        np.testing.assert_allclose(clf.predict_proba(X), normalised.predict_proba(X), atol=1e-12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        NCMClassifier(priors={0: 0.5, 1: 0.25, 2: 0.125, 3: 0.125}).fit(X, y)  # 3 yet to come
+
+
+def test_lda_needs_more_samples_than_classes_like_scikit_learn():
+    X, _ = blobs([0, 1, 2])
+    X, y = X[:3], np.array([0, 1, 2])
+    message = "number of samples must be more than the number of classes"
+    with pytest.raises(ValueError, match=message):
+        LinearDiscriminantAnalysis().fit(X, y)
+    with pytest.raises(ValueError, match=message):
+        LDAClassifier().fit(X, y)
+    clf = LDAClassifier().fit(np.vstack([X, X[:1] + 0.1]), [0, 1, 2, 0])  # 4 samples: fine
+    with pytest.raises(ValueError, match=message):
+        LDAClassifier().partial_fit(X[:2], [0, 1])
+    assert clf.predict(X[:1])[0] == 0
+
+
+def test_partial_fit_accepts_one_class_at_a_time_and_predicts_it():
+    X, _ = blobs([0])
+    clf = LDAClassifier().partial_fit(X, ["only"] * len(X))
     assert (clf.predict(X) == "only").all()
     assert clf.decision_function(X).shape == (len(X), 1)
     np.testing.assert_allclose(clf.predict_proba(X), 1.0)

@@ -34,14 +34,17 @@ objects). ``classes_`` is sorted like scikit-learn's; ``predict`` returns origin
 ``predict_proba``, ``predict_log_proba`` and ``decision_function`` have their columns in
 ``classes_`` order. Scores are log-posteriors up to a per-sample constant, so for two classes
 ``decision_function`` returns the log-odds ``score(classes_[1]) - score(classes_[0])`` (1-D,
-positive means ``classes_[1]``), as scikit-learn's convention asks. A classifier fitted on a single
-class predicts it everywhere (its ``decision_function`` has one column).
+positive means ``classes_[1]``), as scikit-learn's convention asks. ``fit`` needs at least two
+classes, as scikit-learn's does; ``partial_fit`` accepts a first batch of one class (classes
+arrive over time), and until a second arrives it predicts that class everywhere (its
+``decision_function`` has one column).
 
 Priors default to uniform (the paper's choice; scikit-learn's LDA/QDA default to the empirical
 frequencies: pass ``priors="empirical"`` for that). An array of priors is in ``classes_`` order and
 must match the number of classes; a mapping is keyed by the original labels and may name classes
 that ``partial_fit`` has yet to see (only the priors of the classes seen so far are used,
-renormalised).
+renormalised). Priors (all the array's, or all the mapping's entries) that do not sum to 1 are
+renormalised with a ``UserWarning``, as scikit-learn does.
 
 Numerics and scale
 ------------------
@@ -86,6 +89,7 @@ both pass when those are present. See ``docs/sklearn.md``.
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Mapping
 
 import numpy as np
@@ -191,7 +195,7 @@ class _GaussianClassifier(ClassifierMixin, BaseEstimator):
         -------
         self
         """
-        return self._fit(X, y, reset=True)
+        return self._fit(X, y, reset=True, min_classes=2)
 
     def partial_fit(self, X, y, classes=None):
         """Add a batch of samples; labels never seen before become new classes.
@@ -210,7 +214,7 @@ class _GaussianClassifier(ClassifierMixin, BaseEstimator):
         """
         return self._fit(X, y, reset=not hasattr(self, "stats_"), classes=classes)
 
-    def _fit(self, X, y, *, reset, classes=None):
+    def _fit(self, X, y, *, reset, classes=None, min_classes=1):
         if reset:  # fit starts from scratch: a failed fit leaves the estimator unfitted
             for name in _FITTED_STATE:
                 self.__dict__.pop(name, None)
@@ -221,6 +225,10 @@ class _GaussianClassifier(ClassifierMixin, BaseEstimator):
             if unlisted.size:
                 raise ValueError(f"y has labels {unlisted[:10].tolist()} that are not in classes")
         labels, class_ids, y_ids = self._encode(y, reset=reset)
+        if labels.size < min_classes:
+            raise ValueError(f"The number of classes has to be greater than one; got "
+                             f"{labels.size} class ({labels[:1].tolist()}); partial_fit accepts "
+                             "one class at a time")
         counts = np.bincount(y_ids, minlength=labels.size).astype(np.float64)
         if not reset:
             counts[self.stats_.classes] += self.stats_.counts.cpu().numpy()
@@ -309,6 +317,10 @@ class _GaussianClassifier(ClassifierMixin, BaseEstimator):
                                  "classes, give priors as a mapping label -> prior")
         if not np.isfinite(values).all() or (values <= 0).any():
             raise ValueError(f"priors must be positive and finite; got {values[:10].tolist()}")
+        total = sum(priors.values()) if isinstance(priors, Mapping) else values.sum()
+        if not np.isclose(total, 1.0):
+            warnings.warn(f"The priors do not sum to 1 (they sum to {total:g}). Renormalizing",
+                          UserWarning, stacklevel=4)
         return dict(zip(class_ids.tolist(), values.tolist()))
 
     # ------------------------------------------------------------- prediction
@@ -426,6 +438,12 @@ class LDAClassifier(_GaussianClassifier):
     """
 
     _head_class = LDA
+
+    def _check_class_counts(self, labels: np.ndarray, counts: np.ndarray) -> None:
+        if counts.sum() <= labels.size:  # one sample per class: no within-class scatter at all
+            raise ValueError(f"The number of samples must be more than the number of classes; "
+                             f"got {int(counts.sum())} samples of {labels.size} classes")
+        super()._check_class_counts(labels, counts)
 
     def __init__(self, shrinkage=0.1, *, shrinkage_target="scaled_identity", priors=None, device=None,
                  dtype="float64", class_batch_size="auto"):
