@@ -81,3 +81,65 @@ def test_randomized_top_eigh_matches_exact_including_rank_deficient_inputs(true_
     P = U[..., :keep] @ U[..., :keep].transpose(1, 2)
     P0 = U0[..., :keep] @ U0[..., :keep].transpose(1, 2)
     assert (P - P0).abs().max() < 1e-5
+
+
+def hard_spectrum_covariances(d=160, rank=16, n_classes=6, seed=0):
+    """Class covariances whose eigenvalues around ``rank`` are nearly equal (relative gaps
+    1e-3 to 1e-2) and decay slowly after: a few power iterations leave the top-``rank`` model
+    far from the exact one."""
+    g = torch.Generator().manual_seed(seed)
+    covs = []
+    for c in range(n_classes):
+        Q = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))[0]
+        gap = 10.0 ** -(2 + c % 2)
+        ev = torch.cat([torch.linspace(10.0, 4.0, rank - 1, dtype=torch.float64),
+                        torch.tensor([4.0 * (1 - gap)], dtype=torch.float64),
+                        torch.linspace(4.0 * (1 - 2 * gap), 2.0, 40, dtype=torch.float64),
+                        torch.linspace(1.0, 0.01, d - rank - 40, dtype=torch.float64)])
+        covs.append((Q * ev) @ Q.T)
+    return torch.stack(covs)
+
+
+def test_randomized_top_eigh_converges_to_the_exact_model_on_nearly_equal_eigenvalues():
+    A = hard_spectrum_covariances()
+    exact_U, exact_s = top_eigh(A, 16)
+    exact = exact_U @ torch.diag_embed(exact_s) @ exact_U.transpose(-1, -2)
+    omega = torch.randn(*A.shape[:-1], 24, generator=torch.Generator().manual_seed(1),
+                        dtype=torch.float64)
+    unchecked_U, unchecked_s = randomized_top_eigh(A, 16, n_iter=4, test_matrix=omega, tol=None)
+    unchecked = unchecked_U @ torch.diag_embed(unchecked_s) @ unchecked_U.transpose(-1, -2)
+    assert ((unchecked - exact).norm(dim=(1, 2)) / exact.norm(dim=(1, 2))).min() > 1e-3
+    U, s = randomized_top_eigh(A, 16, n_iter=4, test_matrix=omega)
+    model = U @ torch.diag_embed(s) @ U.transpose(-1, -2)
+    assert ((model - exact).norm(dim=(1, 2)) / exact.norm(dim=(1, 2))).max() < 1e-8
+    torch.testing.assert_close(s, exact_s, rtol=1e-10, atol=0)
+
+
+def test_randomized_top_eigh_returns_the_first_round_when_it_has_converged():
+    g = torch.Generator().manual_seed(2)
+    Q = torch.linalg.qr(torch.randn(4, 120, 120, generator=g, dtype=torch.float64))[0]
+    ev = 0.5 ** torch.arange(120, dtype=torch.float64)   # fast decay: converged after 4 iterations
+    A = (Q * ev) @ Q.transpose(-1, -2)
+    omega = torch.randn(4, 120, 24, generator=g, dtype=torch.float64)
+    checked = randomized_top_eigh(A, 16, test_matrix=omega)
+    unchecked = randomized_top_eigh(A, 16, test_matrix=omega, tol=None)
+    assert all(torch.equal(a, b) for a, b in zip(checked, unchecked))
+
+
+def test_lr_rgda_default_decomposition_predicts_like_eigh_on_hard_spectra():
+    from gdacil import ClassGaussians
+    from gdacil.heads import LRRGDA
+
+    d, rank = 160, 16
+    covs = hard_spectrum_covariances(d, rank, n_classes=6)
+    g = torch.Generator().manual_seed(3)
+    means = 0.3 * torch.randn(6, d, generator=g, dtype=torch.float64)
+    stats = ClassGaussians.from_moments(list(range(6)), means, covs, torch.full((6,), 500.0))
+    noise = torch.randn(600, d, generator=g, dtype=torch.float64)
+    X = means[torch.arange(600) % 6] + noise @ torch.linalg.cholesky(covs.mean(0)).T
+    default = LRRGDA(rank=rank).fit(stats)
+    exact = LRRGDA(rank=rank, decomposition="eigh").fit(stats)
+    scores, reference = default.decision_function(X), exact.decision_function(X)
+    scale = reference.abs().max().item()
+    torch.testing.assert_close(scores, reference, rtol=1e-6, atol=1e-6 * scale)
+    assert torch.equal(default.predict(X), exact.predict(X))

@@ -17,11 +17,12 @@ The head object ``head_`` is kept across ``partial_fit`` calls: :class:`~gdacil.
 caches the eigenpairs of each class and re-decomposes only the classes that are new or received
 samples (``head_.n_decomposed_`` says how many). ``fit`` starts from scratch.
 
-With LR-RGDA's ``decomposition="randomized"`` (used when ``rank + oversample < n_features``) each
-class's random test matrix is seeded from ``random_state`` and the class's internal id, its order
-of first appearance; sharded ``partial_fit`` and one ``fit`` may number classes differently and
-then agree to the accuracy of the randomized decomposition, not to round-off.
-``decomposition="eigh"`` is exact.
+LR-RGDA's default ``decomposition="eigh"`` is exact. With ``decomposition="randomized"`` (used
+when ``rank + oversample < n_features``) each class's random test matrix is seeded from
+``random_state`` and the class's internal id, its order of first appearance; sharded
+``partial_fit`` and one ``fit`` may number classes differently and then agree to the accuracy of
+the converged randomized decomposition (residuals below 1e-10 of the top eigenvalue), not to
+round-off.
 
 ``partial_fit`` also takes an optional ``classes=``, for code written against scikit-learn's
 incremental API: every label of ``y`` must be listed there, but a class enters ``classes_`` only
@@ -559,7 +560,7 @@ class LRRGDAClassifier(_GaussianClassifier):
         The paper's values; ``alpha3`` is in units of ``tr(Sigma_avg) / d`` by default.
     identity_scale : {"trace", "absolute"}, default "trace"
         ``"absolute"`` is the paper's form, which assumes features of scale about 1.
-    decomposition : {"randomized", "eigh"}, default "randomized"
+    decomposition : {"eigh", "randomized"}, default "eigh"
     oversample : int, default 16
     n_iter : int, default 4
     random_state : int, default 0
@@ -592,7 +593,7 @@ class LRRGDAClassifier(_GaussianClassifier):
     _head_class = LRRGDA
 
     def __init__(self, rank=64, alpha1=PAPER_ALPHAS[0], alpha2=PAPER_ALPHAS[1],
-                 alpha3=PAPER_ALPHAS[2], *, identity_scale="trace", decomposition="randomized",
+                 alpha3=PAPER_ALPHAS[2], *, identity_scale="trace", decomposition="eigh",
                  oversample=16, n_iter=4, random_state=0, priors=None, device=None,
                  dtype="float64", class_batch_size="auto"):
         super().__init__(priors=priors, device=device, dtype=dtype,

@@ -6,6 +6,7 @@ import importlib
 
 BENCHMARKS = {
     "heads": "gdacil.bench.heads",
+    "decomposition": "gdacil.bench.decomposition",
     "speed": "gdacil.bench.speed",
     "defaults": "gdacil.bench.defaults",
     "drift": "gdacil.bench.drift",

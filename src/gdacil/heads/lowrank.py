@@ -94,12 +94,18 @@ class LRRGDA(GaussianHead):
         ``"trace"`` measures ``alpha3`` in units of ``tr(Sigma_avg) / d``, so predictions do not
         depend on the features' units (raw, LayerNorm or L2-normalised); ``"absolute"`` is the
         paper's (:meth:`paper`). See :data:`~gdacil.heads.rgda.IDENTITY_SCALES`.
-    decomposition : {"randomized", "eigh"}, default "randomized"
-        How the top-r eigenpairs of each ``Sigma_c`` are found: seeded randomized subspace
-        iteration with ``oversample`` extra columns and ``n_iter`` power iterations, or an exact
-        symmetric eigendecomposition.
+    decomposition : {"eigh", "randomized"}, default "eigh"
+        How the top-r eigenpairs of each ``Sigma_c`` are found: an exact symmetric
+        eigendecomposition, or seeded randomized subspace iteration with ``oversample`` extra
+        columns, checked for convergence (rounds of ``n_iter`` power iterations until every
+        top-r Ritz pair has a residual below ``1e-10`` of the top eigenvalue, an exact
+        decomposition after 32), so both give the exact rank-r model. ``gdacil bench
+        decomposition`` measured ``eigh`` as fast or faster at ``d`` = 384 and 768, ``r`` = 64:
+        sample covariances of about ``d`` samples have nearly equal eigenvalues around ``r``,
+        where four unchecked power iterations left the rank-r model 30-50% off.
     oversample : int, default 16
     n_iter : int, default 4
+        Power iterations per round of the randomized decomposition.
     random_state : int, default 0
         Seed of the randomized decomposition. Each class draws its own test matrix from
         ``(random_state, label)``, so results do not depend on class order or batching.
@@ -129,7 +135,7 @@ class LRRGDA(GaussianHead):
     """
 
     def __init__(self, rank=64, alpha1=PAPER_ALPHAS[0], alpha2=PAPER_ALPHAS[1],
-                 alpha3=PAPER_ALPHAS[2], *, identity_scale="trace", decomposition="randomized",
+                 alpha3=PAPER_ALPHAS[2], *, identity_scale="trace", decomposition="eigh",
                  oversample=16, n_iter=4, random_state=0, priors=None, device=None,
                  dtype=torch.float64, class_batch_size="auto"):
         super().__init__(priors=priors, device=device, dtype=dtype, class_batch_size=class_batch_size)
