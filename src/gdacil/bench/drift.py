@@ -54,7 +54,7 @@ class DriftBenchConfig:
     dim: int = 768
     compensators: tuple[str, ...] = ("identity", "sdc", "sldc_linear", "sldc_weak", "hopdc")
     hopdc_samples: int = 2000      # HopDC default M
-    hopdc_topk: int = 400          # clamped to N for N < 400 (k > N is an error)
+    hopdc_topk: int = 400          # clamped to N for N < 400 (HopDC would warn and use all N)
     weak_samples: int = 5000       # weak-nonlinear SLDC default M
     weak_steps: int = 4000         # weak-nonlinear SLDC default training steps
     isolate: bool = True           # one subprocess per cell
@@ -232,7 +232,7 @@ def render(payload: dict) -> str:
         f"d = {cfg['dim']}; synthetic statistics (covariances of rank min(d, 64) plus a ridge, "
         "float64); HopDC in float32 attention with float64 re-estimation; M = pseudo-samples per "
         "class, "
-        "k = HopDC's top-k (clamped to N, as k > N is an error).\n\n"
+        "k = HopDC's top-k (clamped to N; HopDC itself warns and uses all N anchors).\n\n"
         "`peak extra RSS`: peak resident memory during fit + transform above the resident memory "
         "just before (the high-water mark is reset before fit), which includes the output "
         "statistics (as large as `stats`). `CPU`: process user + system time. `load`: the "
