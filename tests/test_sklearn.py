@@ -345,24 +345,75 @@ def test_invalid_parameters_leave_a_partial_fit_untouched():
     np.testing.assert_array_equal(clf.classes_, [0, 1, 2])
 
 
-def test_a_head_that_fails_to_build_leaves_the_estimator_unfitted(monkeypatch):
+def huge_values(X, y):
+    """A batch that passes validation (finite) but whose scatter overflows float64."""
+    return np.vstack([X[:4], 1e200 * X[:4]]), np.concatenate([y[:4], np.full(4, 7)])
+
+
+def zero_mean_class(X, y):
+    """A batch with a new class whose mean is the zero vector (cosine NCM cannot score it)."""
+    return np.vstack([X[:4], X[:1], -X[:1]]), np.concatenate([y[:4], np.full(2, 7)])
+
+
+@pytest.mark.parametrize("estimator, bad_batch", [
+    (LDAClassifier(), huge_values),
+    (LRRGDAClassifier(rank=2), huge_values),
+    (RGDAClassifier(), huge_values),
+    (NCMClassifier(metric="cosine"), zero_mean_class),
+], ids=lambda p: p.__name__ if callable(p) and not hasattr(p, "fit") else repr(p))
+def test_a_partial_fit_whose_head_fails_leaves_the_estimator_exactly_as_it_was(estimator,
+                                                                                bad_batch):
     X, y = blobs([0, 1, 2])
-    clf = LDAClassifier().fit(X[y < 2], y[y < 2])
+    clf = clone(estimator).fit(X[y < 2], y[y < 2])
+    clf.partial_fit(X[y == 2], y[y == 2])
+    before = {m: getattr(clf, m)(X) for m in ("predict", "decision_function", "predict_proba")}
+    stats = clf.stats_.copy()
+    Xb, yb = bad_batch(X[y < 2], y[y < 2])     # known classes 0 and 1 and a new class 7
+    with pytest.raises(ValueError):
+        clf.partial_fit(Xb, yb)
+    np.testing.assert_array_equal(clf.classes_, [0, 1, 2])
+    for method, expected in before.items():
+        np.testing.assert_array_equal(getattr(clf, method)(X), expected)
+    assert clf.stats_.classes == stats.classes
+    for name in ("counts", "means", "scatters"):
+        assert torch.equal(getattr(clf.stats_, name), getattr(stats, name))
+    assert [clf.stats_.revision(c) for c in stats.classes] == \
+        [stats.revision(c) for c in stats.classes]
+    # what follows is as if the failed call never happened
+    clf.partial_fit(X[:5], y[:5])
+    reference = clone(estimator).fit(np.vstack([X[y < 2], X[y == 2], X[:5]]),
+                                     np.concatenate([y[y < 2], y[y == 2], y[:5]]))
+    np.testing.assert_allclose(clf.decision_function(X), reference.decision_function(X),
+                               rtol=1e-10, atol=1e-10)
+
+
+def test_lrrgda_keeps_its_eigenpair_cache_through_a_failed_partial_fit():
+    X, y = blobs([0, 1, 2])
+    clf = LRRGDAClassifier(rank=2).fit(X, y)
+    with pytest.raises(ValueError):
+        clf.partial_fit(*huge_values(X, y))
+    clf.partial_fit(X[y == 0], y[y == 0])
+    assert clf.head_.n_decomposed_ == 1   # only class 0 changed since the last good fit
+
+
+def test_a_fit_that_fails_leaves_the_estimator_unfitted_and_partial_fit_starts_afresh(
+        monkeypatch):
+    X, y = blobs([0, 1, 2])
+    clf = LDAClassifier().fit(X, y)
 
     def fail(*args, **kwargs):
         raise ValueError("cannot factorise")
 
-    monkeypatch.setattr(clf.head_, "_build", fail)
+    monkeypatch.setattr(LDAClassifier._head_class, "_build", fail)
     with pytest.raises(ValueError, match="cannot factorise"):
-        clf.partial_fit(X[y == 2], y[y == 2])
+        clf.fit(X[y < 2], y[y < 2])
+    assert not hasattr(clf, "stats_") and not hasattr(clf, "head_")
     with pytest.raises(NotFittedError):
         clf.predict(X)
     monkeypatch.undo()
-    clf.partial_fit(X[:1], y[:1])  # the next call rebuilds from everything seen
-    reference = LDAClassifier().fit(np.vstack([X[y < 2], X[y == 2], X[:1]]),
-                                    np.concatenate([y[y < 2], y[y == 2], y[:1]]))
-    np.testing.assert_allclose(clf.decision_function(X), reference.decision_function(X),
-                               rtol=1e-10, atol=1e-10)
+    clf.partial_fit(X[y < 2], y[y < 2])
+    np.testing.assert_array_equal(clf.decision_function(X),
+                                  LDAClassifier().fit(X[y < 2], y[y < 2]).decision_function(X))
 
 
 def test_feature_names_are_checked():

@@ -90,7 +90,6 @@ both pass when those are present. See ``docs/sklearn.md``.
 from __future__ import annotations
 
 import inspect
-import warnings
 from collections.abc import Mapping
 
 import numpy as np
@@ -100,6 +99,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from .heads import LDA, LRRGDA, NCM, QDA, RGDA
+from .heads.base import warn_unless_normalised
 from .heads.rgda import PAPER_ALPHAS
 from .stats import ClassGaussians
 
@@ -172,6 +172,27 @@ def _is_numeric(labels: np.ndarray) -> bool:
     return labels.dtype.kind in "biuf"
 
 
+def _update_and_rebuild(stats: ClassGaussians, head, params: dict, X: torch.Tensor,
+                        y_ids: torch.Tensor) -> None:
+    """Add the batch to ``stats`` and refit ``head`` with ``params``, or change neither.
+
+    If anything fails (a head that cannot be built from the merged statistics, an interrupt),
+    ``stats`` gets back the rows of the batch's classes and ``head`` its attributes: heads
+    rebuild their fitted state by assignment, never by writing into it.
+    """
+    saved = dict(head.__dict__)
+    try:
+        with stats.rollback_on_error(torch.unique(y_ids).tolist()):
+            for name, value in params.items():
+                setattr(head, name, value)
+            stats.update(X, y_ids)
+            head.fit(stats)
+    except BaseException:
+        head.__dict__.clear()
+        head.__dict__.update(saved)
+        raise
+
+
 class _GaussianClassifier(ClassifierMixin, BaseEstimator):
     """Shared machinery: label encoding, statistics, head (re)building, outputs."""
 
@@ -237,18 +258,14 @@ class _GaussianClassifier(ClassifierMixin, BaseEstimator):
         kwargs = self._head_kwargs(labels, class_ids)
         self._head_class(**kwargs)._check_params()
 
-        # Every check has passed: from here on the batch joins the statistics.
         if reset:
-            self.stats_ = ClassGaussians(X.shape[1])
-            self.head_ = self._head_class(**kwargs)
+            stats, head = ClassGaussians(X.shape[1]), self._head_class(**kwargs)
         else:
-            for name, value in kwargs.items():
-                setattr(self.head_, name, value)
-        self._columns = None  # the head is out of date until rebuilt below
-        self.stats_.update(_as_tensor(X), torch.from_numpy(y_ids))
+            stats, head = self.stats_, self.head_
+        _update_and_rebuild(stats, head, kwargs, _as_tensor(X), torch.from_numpy(y_ids))
+        self.stats_, self.head_ = stats, head
         self.classes_, self._class_ids = labels, class_ids
-        self.head_.fit(self.stats_)
-        self._columns = self.stats_.positions(class_ids.tolist())
+        self._columns = stats.positions(class_ids.tolist())
         self._labels_by_id = np.empty_like(labels)
         self._labels_by_id[class_ids] = labels
         return self
@@ -318,11 +335,9 @@ class _GaussianClassifier(ClassifierMixin, BaseEstimator):
                                  "classes, give priors as a mapping label -> prior")
         if not np.isfinite(values).all() or (values <= 0).any():
             raise ValueError(f"priors must be positive and finite; got {values[:10].tolist()}")
-        total = sum(priors.values()) if isinstance(priors, Mapping) else values.sum()
-        if not np.isclose(total, 1.0):
-            warnings.warn(f"The priors do not sum to 1 (they sum to {total:g}). Renormalizing",
-                          UserWarning, stacklevel=4)
-        return dict(zip(class_ids.tolist(), values.tolist()))
+        warn_unless_normalised(sum(priors.values()) if isinstance(priors, Mapping) else values.sum())
+        # normalised over the classes seen so far: the head has nothing left to warn about
+        return dict(zip(class_ids.tolist(), (values / values.sum()).tolist()))
 
     # ------------------------------------------------------------- prediction
     def _validate_for_prediction(self, X) -> torch.Tensor:

@@ -21,6 +21,7 @@ average covariance, editing moments, sampling, persistence and a memory report.
 from __future__ import annotations
 
 import abc
+import contextlib
 import itertools
 import math
 import os
@@ -321,6 +322,47 @@ class ClassStatistics(abc.ABC):
         for name in (*self._per_class, *self._shared):
             setattr(out, name, getattr(out, name).to(out.device))
         return out
+
+    @contextlib.contextmanager
+    def rollback_on_error(self, labels: Iterable[int]) -> Iterator[ClassStatistics]:
+        """Undo the ``with`` block's changes to the classes ``labels`` if the block raises.
+
+        Saves the rows of those of ``labels`` already present (a copy of ``len(labels)``
+        classes, not of all of them) and, on an exception, restores them with their revisions
+        and forgets the classes the block appended; the exception propagates. Changes to other
+        classes, and removals, are not undone.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from gdacil import ClassGaussians
+        >>> stats = ClassGaussians(2).update(torch.ones(3, 2), [0, 0, 1])
+        >>> try:
+        ...     with stats.rollback_on_error([0, 2]):
+        ...         _ = stats.update(torch.zeros(2, 2), [0, 2])
+        ...         raise RuntimeError("building the head failed")
+        ... except RuntimeError:
+        ...     pass
+        >>> stats.classes, stats.counts.tolist()
+        ([0, 1], [2.0, 1.0])
+        """
+        present = [int(c) for c in labels if int(c) in self._index]
+        pos = self.positions(present).to(self.device)
+        rows = {name: getattr(self, name).index_select(0, pos) for name in self._per_class}
+        shared = {name: getattr(self, name).clone() for name in self._shared}
+        n_classes, revisions = self.n_classes, list(self._revisions)
+        try:
+            yield self
+        except BaseException:
+            for c in self._labels[n_classes:]:
+                del self._index[c]
+            del self._labels[n_classes:]
+            self._revisions = revisions
+            for name, saved in rows.items():
+                getattr(self, name)[pos] = saved
+            for name, saved in shared.items():
+                setattr(self, name, saved)
+            raise
 
     # ----------------------------------------------------------------- sampling
     @abc.abstractmethod

@@ -13,6 +13,7 @@ norm over the ``k`` quadratic rows. Class blocks bound the peak memory of the sc
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 
@@ -22,13 +23,29 @@ import torch
 from .._validation import as_features, check_positive_int
 from ..stats import ClassGaussians, ClassStatistics
 
-__all__ = ["GaussianHead", "NotFittedError"]
+__all__ = ["GaussianHead", "NotFittedError", "warn_unless_normalised"]
+
+#: Largest ``|sum(priors) - 1|`` that passes without a warning (scikit-learn's LDA tolerance)
+PRIORS_SUM_TOL = 1e-5
 
 # Scoring blocks small enough that the (samples, classes, rows) buffer stays in the last-level
 # cache: the squared-norm pass then reads it from cache, and the GEMM runs near peak (see
 # benchmarks/speed.md). Building works on covariances and may use larger blocks.
 _SCORE_BUFFER_BYTES = 8 * 2**20
 _BUILD_BUFFER_BYTES = 64 * 2**20
+
+
+def warn_unless_normalised(total: float) -> None:
+    """Warn, as scikit-learn's LDA does, that priors summing to ``total`` get renormalised.
+
+    Parameters
+    ----------
+    total : float
+        The sum of all the priors given (for a mapping, of all its entries).
+    """
+    if abs(total - 1.0) > PRIORS_SUM_TOL:
+        warnings.warn(f"The priors do not sum to 1 (they sum to {total:.6g}). Renormalizing",
+                      UserWarning, stacklevel=4)
 
 
 class NotFittedError(RuntimeError):
@@ -46,6 +63,9 @@ class GaussianHead(ABC):
     -------------------------------
     priors : None, "empirical", array of shape (C,), or mapping label -> prior
         Class priors. ``None`` (the paper's choice) means uniform; "empirical" uses the counts.
+        A mapping may also name classes still to come; the priors of the classes present are
+        renormalised. Priors (for a mapping, all its entries) that do not sum to 1 within
+        ``1e-5`` are renormalised with a ``UserWarning``, as scikit-learn's LDA does.
     device : torch.device or str, optional
         Where the head is built and scores are computed (default CPU).
     dtype : torch.dtype, default torch.float64
@@ -103,7 +123,7 @@ class GaussianHead(ABC):
 
     def _log_priors(self, stats: ClassGaussians) -> torch.Tensor:
         C = stats.n_classes
-        p = self.priors
+        p, total = self.priors, None
         if p is None:
             return torch.full((C,), -float(np.log(C)), dtype=torch.float64)
         if isinstance(p, str):
@@ -115,12 +135,14 @@ class GaussianHead(ABC):
             missing = [c for c in stats.classes if c not in p]
             if missing:
                 raise ValueError(f"priors mapping lacks classes {missing[:10]}")
+            total = float(sum(p.values()))    # a mapping may also cover classes to come
             p = [p[c] for c in stats.classes]
         p = torch.as_tensor(np.asarray(p, dtype=np.float64))
         if p.shape != (C,):
             raise ValueError(f"priors must have one entry per class ({C}); got shape {tuple(p.shape)}")
         if not torch.isfinite(p).all() or (p <= 0).any():
             raise ValueError("priors must be positive and finite")
+        warn_unless_normalised(total if total is not None else float(p.sum()))
         return (p / p.sum()).log()
 
     # ------------------------------------------------------------------ scoring

@@ -193,7 +193,8 @@ class LRRGDA(GaussianHead):
             self._eig_cache_key = ("stored", key[1])
             self.n_decomposed_ = 0
             return
-        cache = getattr(self, "_eig_cache", {})
+        # a new dict: a failed fit leaves the previous cache as it was
+        cache = dict(getattr(self, "_eig_cache", {}))
         if getattr(self, "_eig_cache_key", None) != key:
             cache = {}
         stale = [c for c in stats.classes if cache.get(c, (None,))[0] != stats.revision(c)]
