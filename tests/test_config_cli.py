@@ -67,7 +67,7 @@ def test_every_shipped_config_loads():
 def test_cli_list_and_errors(capsys):
     assert main(["list", "heads"]) == 0
     out = capsys.readouterr().out
-    assert "lr_rgda" in out and "sgd" in out
+    assert "lr_rgda" in out and "sgd" in out and "ranpac" in out and "rbf_lda" in out
     with pytest.raises(SystemExit, match="no shipped config of that name"):
         main(["run", "no-such-config"])
     with pytest.raises(SystemExit):

@@ -74,7 +74,7 @@ def _list(args) -> int:
 
 #: What `gdacil list` shows: kind -> (module, registry attribute).
 CATALOGUE = {
-    "heads": ("gdacil.heads", "HEADS"),
+    "heads": ("gdacil.heads", "ALL_HEADS"),
     "backbones": ("gdacil.backbones", "BACKBONES"),
     "datasets": ("gdacil.data", "DATASETS"),
     "compensators": ("gdacil.drift", "COMPENSATORS"),

@@ -4,12 +4,14 @@ A checkpoint after task ``k`` is, in the seed's directory:
 
 - ``stats_task<k>_<track>.safetensors``: the class statistics of every compensator track
   (:class:`~gdacil.ClassGaussians` or :class:`~gdacil.LowRankGaussians`, as configured);
+- ``head_task<k>_<label>.safetensors``: every streaming head (its statistics of mapped
+  features, solved weights and fitted scalars; :meth:`~gdacil.heads.MappedLinearHead.save`);
 - ``backbone_task<k>.safetensors`` and ``strategy_task<k>.safetensors``: the adapted weights
   and the strategy's state (only when the strategy trains the backbone);
 - ``state.json``: evaluations, timings and diagnostics so far, naming the files above.
 
 Every file is written atomically and ``state.json`` last, so a run killed in between resumes from
-the previous complete checkpoint. Heads are not stored: they are rebuilt from the statistics.
+the previous complete checkpoint. Other heads are not stored: they are rebuilt from the statistics.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..heads import MappedLinearHead
 from ..io import atomic_write_text, load_tensors, save_tensors
 from ..stats import ClassStatistics
 from .metrics import TaskEvaluation
 
-__all__ = ["SeedState", "save_checkpoint", "load_checkpoint"]
+__all__ = ["SeedState", "load_checkpoint", "save_checkpoint"]
 
 _FORMAT = "gdacil.checkpoint/2"
 
@@ -41,6 +44,7 @@ class SeedState:
     diagnostics: list[dict] = field(default_factory=list)
     backbone: dict[str, torch.Tensor] | None = None  # adapted weights, when the backbone trains
     strategy: tuple[dict[str, torch.Tensor], dict] | None = None
+    streaming: dict[str, MappedLinearHead] = field(default_factory=dict)  # head label -> head
 
 
 def _eval_to_json(e: TaskEvaluation) -> dict:
@@ -57,11 +61,15 @@ def save_checkpoint(directory: Path, state: SeedState, fingerprint: str) -> None
     """Write ``state`` (atomically, ``state.json`` last) and drop the previous checkpoint's files."""
     directory.mkdir(parents=True, exist_ok=True)
     k = state.completed
-    files = {"tracks": {}}
+    files = {"tracks": {}, "streaming": {}}
     for label, stats in state.tracks.items():
         name = f"stats_task{k}_{label}.safetensors"
         stats.save(directory / name)
         files["tracks"][label] = name
+    for label, head in state.streaming.items():
+        name = f"head_task{k}_{label}.safetensors"
+        head.save(directory / name)
+        files["streaming"][label] = name
     if state.backbone is not None:
         files["backbone"] = f"backbone_task{k}.safetensors"
         save_tensors(directory / files["backbone"], state.backbone, {"task": k})
@@ -78,7 +86,8 @@ def save_checkpoint(directory: Path, state: SeedState, fingerprint: str) -> None
         "diagnostics": state.diagnostics,
     }
     atomic_write_text(directory / "state.json", json.dumps(payload))
-    keep = {*files["tracks"].values(), files.get("backbone"), files.get("strategy")}
+    keep = {*files["tracks"].values(), *files["streaming"].values(), files.get("backbone"),
+            files.get("strategy")}
     for old in directory.glob("*_task*.safetensors"):
         if old.name not in keep:
             old.unlink(missing_ok=True)
@@ -104,7 +113,9 @@ def load_checkpoint(directory: Path, fingerprint: str) -> SeedState | None:
     tracks = {label: ClassStatistics.load(directory / name) for label, name in files["tracks"].items()}
     backbone = load_tensors(directory / files["backbone"])[0] if "backbone" in files else None
     strategy = load_tensors(directory / files["strategy"]) if "strategy" in files else None
+    streaming = {label: MappedLinearHead.load(directory / name)
+                 for label, name in files.get("streaming", {}).items()}
     evaluations = {label: [_eval_from_json(e) for e in v]
                    for label, v in payload["evaluations"].items()}
     return SeedState(payload["completed"], tracks, evaluations, payload["timings"],
-                     payload["diagnostics"], backbone, strategy)
+                     payload["diagnostics"], backbone, strategy, streaming)

@@ -11,8 +11,15 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "ConfigError", "BackboneConfig", "HeadConfig", "AnchorConfig", "StatisticsConfig",
-    "ExperimentConfig", "load_config", "apply_overrides", "config_from_dict",
+    "AnchorConfig",
+    "BackboneConfig",
+    "ConfigError",
+    "ExperimentConfig",
+    "HeadConfig",
+    "StatisticsConfig",
+    "apply_overrides",
+    "config_from_dict",
+    "load_config",
 ]
 
 
@@ -33,10 +40,28 @@ class BackboneConfig:
 
 @dataclass
 class HeadConfig:
-    """One head to build after every task: a registered ``name`` and its parameters."""
+    """One head to build after every task: a registered ``name`` and its parameters.
+
+    A streaming head (``gdacil.heads.STREAMING_HEADS``: ``ranpac``, ``acil``, ``rbf_lda``) is not
+    built from class statistics: it takes each task's training features (``partial_fit``), once
+    per run, outside the compensator tracks (see :mod:`gdacil.cil.runner`).
+    """
 
     name: str = "lr_rgda"
     params: dict = field(default_factory=dict)
+
+    @property
+    def streaming(self) -> bool:
+        """Whether the head learns from features rather than from class statistics."""
+        from ..heads import MappedLinearHead, head_class
+
+        return issubclass(head_class(self.name), MappedLinearHead)
+
+    def build(self):
+        """A new, unfitted head."""
+        from ..heads import build_head
+
+        return build_head(self.name, **self.params)
 
 
 @dataclass
@@ -248,8 +273,6 @@ def config_from_dict(cls, data, where: str = ""):
 def _heads(value, where: str) -> dict:
     """``heads`` maps a label to ``{name: ..., params: {...}}`` or, briefly, to the params of the
     head registered under the label itself (``lda: {shrinkage: 0.1}``)."""
-    from ..heads import HEADS
-
     if isinstance(value, list):
         value = {name: {} for name in value}
     if not isinstance(value, dict) or not value:
@@ -263,24 +286,30 @@ def _heads(value, where: str) -> dict:
             head = config_from_dict(HeadConfig, spec, f"{where}.{label}")
         else:
             head = HeadConfig(name=label, params=dict(spec))
-        if head.name not in HEADS:
-            raise ConfigError(f"{where}.{label}: unknown head {head.name!r}; known heads: "
-                              f"{', '.join(sorted(HEADS))}")
         _check_head_params(head, f"{where}.{label}")
         out[str(label)] = head
     return out
 
 
 def _check_head_params(head: HeadConfig, where: str) -> None:
+    """Refuse an unknown head, parameters its constructor does not take, and values it refuses."""
     import inspect
 
-    from ..heads import HEADS
+    from ..heads import head_class
 
-    accepted = set(inspect.signature(HEADS[head.name].__init__).parameters) - {"self"}
+    try:
+        cls = head_class(head.name)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    accepted = set(inspect.signature(cls.__init__).parameters) - {"self"}
     unknown = sorted(set(head.params) - accepted)
     if unknown:
         raise ConfigError(f"{where}: head {head.name!r} has no parameter(s) {unknown}; "
                           f"it takes {sorted(accepted)}")
+    try:
+        head.build()._check_params()  # the checks fit runs, here before any feature is extracted
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: head {head.name!r}: {exc}") from None
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:

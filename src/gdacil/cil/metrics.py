@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["TaskEvaluation", "IncrementalMetrics", "summarize_seeds", "t_quantile_975"]
+__all__ = ["IncrementalMetrics", "TaskEvaluation", "summarize_seeds", "t_quantile_975"]
 
 
 @dataclass

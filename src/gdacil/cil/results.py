@@ -15,7 +15,7 @@ from ..io import atomic_write_bytes, atomic_write_text
 from .config import ExperimentConfig
 from .metrics import IncrementalMetrics, summarize_seeds
 
-__all__ = ["results_record", "write_results", "results_table"]
+__all__ = ["results_record", "results_table", "write_results"]
 
 _SUMMARY_KEYS = ("last_acc", "inc_acc", "forgetting", "final_class_balanced_acc")
 

@@ -8,11 +8,19 @@ For every seed and every task ``t``:
    extraction), and the statistics of the new classes;
 4. every compensator track moves its old-class statistics into the new feature space (fitted on
    the anchors' features before and after step 2), then takes the new classes;
-5. every head is rebuilt from every track's statistics and evaluated on the test samples of all
-   classes seen so far.
+5. every head is rebuilt from every track's statistics, every streaming head takes the task's
+   training features (``partial_fit``), and each is evaluated on the test samples of all classes
+   seen so far.
 
 One backbone trajectory per seed feeds every compensator and every head, so the expensive part
-runs once. A checkpoint after every task lets ``resume=True`` continue an interrupted run to
+runs once.
+
+Streaming heads (``ranpac``, ``acil``, ``rbf_lda``: :data:`gdacil.heads.STREAMING_HEADS`) keep
+statistics of randomly mapped features, not per-class Gaussians in feature space, so no
+compensator can move them: each runs once per seed, and its results are labelled as if on the
+uncompensated track (:func:`streaming_track`). When the strategy trains the backbone after the
+first task, their old classes stay in the old feature space (the paper's no-compensation
+baseline). A checkpoint after every task lets ``resume=True`` continue an interrupted run to
 exactly the results of an uninterrupted one.
 """
 
@@ -28,14 +36,20 @@ import torch
 
 from .. import distributed
 from ..hashing import sha256_json
-from ..heads import build_head
 from ..stats import ClassGaussians
 from .checkpoint import SeedState, load_checkpoint, save_checkpoint
 from .config import ExperimentConfig
 from .metrics import IncrementalMetrics, TaskEvaluation
 from .results import results_record, write_results
 
-__all__ = ["run_experiment", "experiment_fingerprint", "output_dir", "result_label", "anchor_subset"]
+__all__ = [
+    "anchor_subset",
+    "experiment_fingerprint",
+    "output_dir",
+    "result_label",
+    "run_experiment",
+    "streaming_track",
+]
 
 
 def output_dir(cfg: ExperimentConfig) -> Path:
@@ -56,6 +70,13 @@ def experiment_fingerprint(cfg: ExperimentConfig) -> str:
 def result_label(track: str, head: str, n_tracks: int) -> str:
     """``head`` alone with one compensator track, else ``track/head``."""
     return head if n_tracks == 1 else f"{track}/{head}"
+
+
+def streaming_track(cfg: ExperimentConfig) -> str:
+    """The track streaming heads are reported on: the first ``identity`` compensator's label, or
+    ``"none"`` without one (``result_label`` drops it when there is a single track)."""
+    return next((label for label, spec in cfg.compensators.items() if spec["name"] == "identity"),
+                "none")
 
 
 def build_feature_backbone(cfg: ExperimentConfig):
@@ -86,8 +107,9 @@ class _SeedRun:
         self.needs_anchors = any(c.name != "identity" for c in self.compensators.values())
         self.anchor_pool = self._draw_anchors() if self.needs_anchors else ()
         self.cache = FeatureCache(cfg.cache_dir)
-        self.heads = {track: {label: build_head(h.name, **h.params) for label, h in cfg.heads.items()}
+        self.heads = {track: {label: h.build() for label, h in cfg.heads.items() if not h.streaming}
                       for track in self.compensators}
+        self.streaming_label = streaming_track(cfg)
 
     def _draw_anchors(self) -> tuple[str, ...]:
         from ..data import draw_anchors
@@ -109,9 +131,12 @@ class _SeedRun:
     def run(self, state: SeedState | None, on_task_end: Callable | None) -> SeedState:
         if state is None:
             state = SeedState(0, {track: self.cfg.statistics.empty(self.backbone.dim, self.cfg.ddof)
-                                  for track in self.compensators})
+                                  for track in self.compensators},
+                              streaming={label: h.build() for label, h in self.cfg.heads.items()
+                                         if h.streaming})
         else:
             self._restore(state)
+        self._warn_uncompensated(state)
         for t in range(state.completed, len(self.tasks)):
             state.timings.append(self.run_task(t, state))
             state.completed = t + 1
@@ -130,6 +155,12 @@ class _SeedRun:
             self.backbone.model.load_state_dict(state.backbone)
         if state.strategy is not None:
             self.strategy.load_state_dict(*state.strategy)
+
+    def _warn_uncompensated(self, state: SeedState) -> None:
+        if state.streaming and any(self.strategy.trains_on(t) for t in range(1, len(self.tasks))):
+            self.log(f"seed {self.seed}: streaming heads {', '.join(state.streaming)} learn from "
+                     f"features and are not drift-compensated: strategy {self.strategy.name!r} "
+                     "changes the backbone, and their old classes stay in the old feature space")
 
     def run_task(self, t: int, state: SeedState) -> dict:
         task = self.tasks[t]
@@ -162,7 +193,7 @@ class _SeedRun:
         for stats in state.tracks.values():
             stats.merge(new)
         timing["stats_bytes"] = {track: s.nbytes for track, s in state.tracks.items()}
-        self._evaluate(t, state, timing)
+        self._evaluate(t, state, timing, X)
         timing["max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         accs = ", ".join(f"{k} {v[-1].pooled:.3f}" for k, v in state.evaluations.items())
         self.log(f"seed {self.seed} task {t + 1}/{len(self.tasks)}: {len(task.classes)} new classes, "
@@ -219,23 +250,34 @@ class _SeedRun:
             oracle.update(self.features(split.ids), torch.tensor(split.labels, dtype=torch.int64))
         return oracle.subset(old_classes)
 
-    def _evaluate(self, t: int, state: SeedState, timing: dict) -> None:
+    def _evaluate(self, t: int, state: SeedState, timing: dict, X_task: torch.Tensor) -> None:
         seen = range(t + 1)
         X_test = torch.cat([self.features(self.tasks[j].test.ids) for j in seen])
         y_test = np.concatenate([np.asarray(self.tasks[j].test.labels) for j in seen])
         task_of = np.concatenate([np.full(len(self.tasks[j].test.ids), j) for j in seen])
         timing["heads"] = {}
+        for key, head, build in self._fitted_heads(t, state, X_task):
+            start = time.perf_counter()
+            pred = head.predict(X_test).numpy()
+            state.evaluations.setdefault(key, []).append(TaskEvaluation(y_test, pred, task_of))
+            timing["heads"][key] = {"build_s": build, "predict_s": time.perf_counter() - start,
+                                    "bytes": head.memory_report()["total"]}
+
+    def _fitted_heads(self, t: int, state: SeedState, X_task: torch.Tensor):
+        """``(result label, head, seconds to fit it)`` for every head, fitted up to task ``t``:
+        the track heads rebuilt from their statistics, the streaming heads given the task's
+        training features."""
         for track, heads in self.heads.items():
             for label, head in heads.items():
-                key = result_label(track, label, len(self.heads))
                 start = time.perf_counter()
                 head.fit(state.tracks[track])
-                build = time.perf_counter() - start
-                start = time.perf_counter()
-                pred = head.predict(X_test).numpy()
-                state.evaluations.setdefault(key, []).append(TaskEvaluation(y_test, pred, task_of))
-                timing["heads"][key] = {"build_s": build, "predict_s": time.perf_counter() - start,
-                                        "bytes": head.memory_report()["total"]}
+                yield result_label(track, label, len(self.heads)), head, time.perf_counter() - start
+        labels = torch.tensor(self.tasks[t].train.labels, dtype=torch.int64)
+        for label, head in state.streaming.items():
+            start = time.perf_counter()
+            head.partial_fit(X_task, labels).solve()  # solved here, so it is timed as a build
+            yield (result_label(self.streaming_label, label, len(self.heads)), head,
+                   time.perf_counter() - start)
 
 
 def anchor_subset(pool_size: int, n: int, seed: int) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""Classifiers built from :class:`~gdacil.ClassGaussians`, and a registry of their names."""
+"""Classifiers built from :class:`~gdacil.ClassGaussians` or fitted on features, and one registry
+of their names (:func:`build_head` builds either kind)."""
 
 from .base import GaussianHead, NotFittedError
 from .fecam import FeCAM
@@ -29,15 +30,41 @@ STREAMING_HEADS: dict[str, type[MappedLinearHead]] = {
     "rbf_lda": RBFLDA,
 }
 
-
-def build_head(name: str, **params) -> GaussianHead:
-    """Instantiate the head registered as ``name`` with ``params``."""
-    try:
-        cls = HEADS[name]
-    except KeyError:
-        raise ValueError(f"unknown head {name!r}; known heads: {', '.join(sorted(HEADS))}") from None
-    return cls(**params)
+#: Every registered name, the heads built from statistics and the streaming ones
+ALL_HEADS: dict[str, type] = {**HEADS, **STREAMING_HEADS}
 
 
-__all__ = ["GaussianHead", "NotFittedError", "NCM", "LDA", "QDA", "RGDA", "LRRGDA", "SGDHead", "HEADS",
-           "build_head", "FeCAM", "MappedLinearHead", "RanPAC", "ACIL", "RBFLDA", "STREAMING_HEADS"]
+def head_class(name: str) -> type:
+    """The class registered as ``name`` in :data:`ALL_HEADS`."""
+    cls = ALL_HEADS.get(name)
+    if cls is None:
+        raise ValueError(f"unknown head {name!r}; known heads: {', '.join(sorted(HEADS))}; "
+                         f"streaming heads (fitted on features): {', '.join(sorted(STREAMING_HEADS))}")
+    return cls
+
+
+def build_head(name: str, **params) -> GaussianHead | MappedLinearHead:
+    """Instantiate the head registered as ``name`` (either kind) with ``params``."""
+    return head_class(name)(**params)
+
+
+__all__ = [
+    "ACIL",
+    "ALL_HEADS",
+    "HEADS",
+    "LDA",
+    "LRRGDA",
+    "NCM",
+    "QDA",
+    "RBFLDA",
+    "RGDA",
+    "STREAMING_HEADS",
+    "FeCAM",
+    "GaussianHead",
+    "MappedLinearHead",
+    "NotFittedError",
+    "RanPAC",
+    "SGDHead",
+    "build_head",
+    "head_class",
+]

@@ -229,6 +229,12 @@ class MappedLinearHead(ABC):
         self.__dict__.pop("coef_", None)
         self.__dict__.pop("intercept_", None)
 
+    def solve(self) -> MappedLinearHead:
+        """Solve the weights now, if the statistics changed since the last solve (otherwise the
+        first prediction does). Returns ``self``."""
+        self._ensure_solved()
+        return self
+
     def _ensure_solved(self) -> None:
         if not hasattr(self, "stats_"):
             raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit(X, y) first")
