@@ -106,7 +106,7 @@ def test_auto_bandwidth_is_the_rms_distance_and_scale_equivariant():
     scaled = RandomFourier(5, 50, seed=0).fit(10 * X)
     assert math.isclose(scaled.bandwidth_, 10 * rff.bandwidth_, rel_tol=1e-12)
     assert torch.allclose(scaled(10 * X), rff(X), atol=1e-10)
-    with pytest.raises(RuntimeError, match="not fitted"):
+    with pytest.raises(NotFittedError, match="not fitted"):
         RandomFourier(5, 50)(X)
     with pytest.raises(ValueError, match="identical"):
         RandomFourier(5, 50).fit(torch.ones(3, 5))

@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 import torch
 
 from ._validation import as_features, check_positive_int
+from .errors import NotFittedError
 from .hashing import sha256_tensors
 
 __all__ = ["FeatureMap", "Identity", "RandomBuffer", "RandomFourier", "RandomReLU", "auto_bandwidth"]
@@ -168,7 +169,7 @@ class FeatureMap:
 
     def _validate(self, X, dtype) -> torch.Tensor:
         if not self.is_fitted:
-            raise RuntimeError(f"{self!r} is not fitted: call fit(X) on a first batch")
+            raise NotFittedError(f"{self!r} is not fitted: call fit(X) on a first batch")
         return as_features(X, dim=self.dim_in, dtype=dtype)
 
     def _chunks(self, X: torch.Tensor):

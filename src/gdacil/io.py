@@ -9,9 +9,12 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "save_tensors", "load_tensors"]
+from ._optional import require
+
+__all__ = ["atomic_write_bytes", "atomic_write_text", "load_tensors", "save_tensors"]
 
 _META_KEY = "gdacil"
+_SAFETENSORS = {"feature": "saving and loading tensors", "install": "pip install 'gdacil[io]'"}
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
@@ -42,7 +45,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 
 def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict) -> Path:
     """Save tensors with safetensors and ``metadata`` as JSON inside the same file, atomically."""
-    from safetensors.torch import save
+    save = require("safetensors.torch", **_SAFETENSORS).save
 
     tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
     blob = save(tensors, metadata={_META_KEY: json.dumps(metadata, sort_keys=True)})
@@ -51,7 +54,7 @@ def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], meta
 
 def load_tensors(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict]:
     """Load what :func:`save_tensors` wrote; raises ``FileNotFoundError`` naming the path."""
-    from safetensors import safe_open
+    safe_open = require("safetensors", **_SAFETENSORS).safe_open
 
     path = Path(path)
     if not path.is_file():
@@ -60,5 +63,5 @@ def load_tensors(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict
         meta = fh.metadata() or {}
         if _META_KEY not in meta:
             raise ValueError(f"{path} is a safetensors file but was not written by gdacil")
-        tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+        tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 (a safetensors handle)
     return tensors, json.loads(meta[_META_KEY])

@@ -61,18 +61,6 @@ def write_json(path: str | os.PathLike, payload: dict) -> Path:
     return atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
-def save_figure(fig, path: str | os.PathLike, *, dpi: int = 120) -> Path:
-    """Save a matplotlib figure atomically (a temporary file renamed over ``path``) and close it."""
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=dpi)
-    plt.close(fig)
-    return tmp.replace(path)
-
-
 def markdown_table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in rows]

@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .common import machine_info, markdown_table, save_figure, write_json
+from .._plotting import save_figure, subplots
+from .common import machine_info, markdown_table, write_json
 from .featuresets import FEATURE_SETS, SCALINGS
 from .incremental import RUNS_DIR, TASKS, HeadEntry, run_cells
 
@@ -99,14 +100,9 @@ def render(payload: dict) -> str:
 
 def plot(payload: dict, path: Path) -> None:
     """Mean Last-Acc over cells against mean fit seconds, one point per head."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     heads = list(payload["cells"][0]["heads"])
     overall = _overall(payload, heads)
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    fig, ax = subplots(figsize=(6.5, 4.5))
     for h, v in overall.items():
         anchor = h in ANCHORS
         ax.scatter(v["fit_s"], v["last_acc"], marker="s" if anchor else "o",

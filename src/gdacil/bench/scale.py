@@ -40,8 +40,9 @@ from pathlib import Path
 
 import torch
 
+from .._plotting import save_figure, subplots
 from ..io import atomic_write_text
-from .common import best_time, machine_info, markdown_table, save_figure, write_json
+from .common import best_time, machine_info, markdown_table, write_json
 
 __all__ = ["QUICK", "ScaleBenchConfig", "SyntheticClasses", "main", "measure", "run"]
 
@@ -275,14 +276,9 @@ def _equality(cell: dict) -> str:
 
 
 def plot(payload: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     ok = [r for r in payload["results"] if "error" not in r]
     C = [r["classes"] for r in ok]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a, b) = subplots(1, 2, figsize=(11, 4))
     for key, label in (("stats_bytes", "gdacil statistics"), ("head_bytes", "gdacil LR-RGDA head"),
                        ("peak_rss_bytes", "gdacil process peak"),
                        ("peer_dense_fp32_bytes", "dense fp32 covariances"),

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import torch
 
+from .._plotting import save_figure, subplots
 from ..heads import LDA, LRRGDA, NCM, RGDA, SGDHead
 from ..stats import ClassGaussians
-from .common import best_time, gemm_rate, machine_info, markdown_table, save_figure, write_json
+from .common import best_time, gemm_rate, machine_info, markdown_table, write_json
 
 __all__ = ["HeadsBenchConfig", "main", "run"]
 
@@ -219,12 +220,7 @@ def render(payload: dict) -> str:
 
 
 def plot(payload: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = subplots(figsize=(7, 4.5))
     heads = sorted({r["head"] for r in payload["results"]})
     for head in heads:
         pts = sorted((r["classes"], r["throughput"]) for r in payload["results"] if r["head"] == head)

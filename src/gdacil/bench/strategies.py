@@ -32,9 +32,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .._plotting import save_figure, subplots
 from ..cil.metrics import summarize_seeds
 from ..io import atomic_write_text
-from .common import machine_info, markdown_table, save_figure, write_json
+from .common import machine_info, markdown_table, write_json
 
 __all__ = ["Run", "StrategiesBenchConfig", "main", "plan_runs"]
 
@@ -358,14 +359,10 @@ def render(summary: dict) -> str:
 
 
 def plot(summary: dict, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
     names = list(summary["strategies"])
-    fig, axes = plt.subplots(1, len(HEADS), figsize=(13, 4), sharey=True)
+    fig, axes = subplots(1, len(HEADS), figsize=(13, 4), sharey=True)
     x = np.arange(len(names))
     for ax, head in zip(axes, HEADS):
         for i, track in enumerate(TRACKS):
@@ -382,7 +379,7 @@ def plot(summary: dict, out: Path) -> None:
     if "sensitivity" not in summary:
         return
     sens = summary["sensitivity"]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.5), sharey=True)
+    fig, axes = subplots(1, 3, figsize=(12, 3.5), sharey=True)
     cfg = summary["config"]
     defaults = {"tau=": 0.05, "k=": 400, "N=": cfg["anchors"]}
     for ax, prefix, title in zip(axes, ("tau=", "k=", "N="), ("temperature tau", "top-k",

@@ -312,9 +312,15 @@ def _check_head_params(head: HeadConfig, where: str) -> None:
         raise ConfigError(f"{where}: head {head.name!r}: {exc}") from None
 
 
+def _yaml():
+    from .._optional import require
+
+    return require("yaml", feature="YAML configs", install="pip install 'gdacil[cli]'")
+
+
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
     """Apply ``key.sub=value`` overrides (values parsed as YAML) to a raw config mapping."""
-    import yaml
+    yaml = _yaml()
 
     data = dict(data)
     for item in overrides:
@@ -339,7 +345,7 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None,
                 *, base: dict | None = None) -> ExperimentConfig:
     """Read a YAML config (or start from ``base``), apply ``--set`` overrides, validate."""
-    import yaml
+    yaml = _yaml()
 
     data: dict = dict(base or {})
     if path is not None:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io import atomic_write_bytes, atomic_write_text
+from .._plotting import save_figure, subplots
+from ..io import atomic_write_text
 from .config import ExperimentConfig
 from .metrics import IncrementalMetrics, summarize_seeds
 
@@ -88,12 +89,7 @@ def results_table(summary: dict) -> str:
 
 
 def _plot(path: Path, title: str, metrics: dict[int, dict[str, IncrementalMetrics]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig, ax = subplots(figsize=(6.5, 4.2))
     labels = list(next(iter(metrics.values())))
     for label in labels:
         curves = np.array([metrics[s][label].pooled for s in metrics]) * 100
@@ -109,7 +105,4 @@ def _plot(path: Path, title: str, metrics: dict[int, dict[str, IncrementalMetric
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    save_figure(fig, path, dpi=110)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from .._optional import require
 from ..hashing import sha256_json, sha256_strings
 from ..io import load_tensors, save_tensors
 
@@ -50,7 +51,8 @@ def extract_features(
     step = batch_size * load_batches
     starts = range(0, len(ids), step)
     if progress:
-        from tqdm.auto import tqdm
+        tqdm = require("tqdm.auto", feature="progress bars",
+                       install="pip install 'gdacil[cli]'").tqdm
 
         starts = tqdm(
             starts,

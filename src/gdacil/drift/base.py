@@ -27,6 +27,7 @@ import torch
 
 from .._random import make_generator
 from .._validation import as_features, check_nonnegative
+from ..errors import NotFittedError
 from ..stats import ClassGaussians, ClassStatistics
 
 __all__ = [
@@ -39,10 +40,6 @@ __all__ = [
 ]
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-
-class NotFittedError(ValueError, AttributeError):
-    """``transform`` (or a query) was called before ``fit``."""
 
 
 def resolve_dtype(name: str, *, field: str = "dtype") -> torch.dtype:

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .._validation import as_features, check_positive_int
+from ..errors import NotFittedError
 from ..stats import ClassGaussians, ClassStatistics
 
 __all__ = ["GaussianHead", "NotFittedError", "warn_unless_normalised"]
@@ -46,10 +47,6 @@ def warn_unless_normalised(total: float) -> None:
     if abs(total - 1.0) > PRIORS_SUM_TOL:
         warnings.warn(f"The priors do not sum to 1 (they sum to {total:.6g}). Renormalizing",
                       UserWarning, stacklevel=4)
-
-
-class NotFittedError(RuntimeError):
-    """A head was used before ``fit``."""
 
 
 class GaussianHead(ABC):
@@ -82,7 +79,7 @@ class GaussianHead(ABC):
         self.class_batch_size = class_batch_size
 
     # ------------------------------------------------------------------ fitting
-    def fit(self, stats: ClassGaussians) -> "GaussianHead":
+    def fit(self, stats: ClassGaussians) -> GaussianHead:
         """Build the head from class statistics. Returns ``self``."""
         if not isinstance(stats, ClassStatistics):
             raise TypeError(f"fit expects ClassGaussians or LowRankGaussians (ClassStatistics), "
