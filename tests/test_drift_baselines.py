@@ -18,7 +18,7 @@ from gdacil.drift import (
     Oracle,
     WeakNonlinearSLDC,
     drift_report,
-    get_compensator,
+    build_compensator,
 )
 from gdacil.drift.pseudo import resample_moments, standard_noise
 
@@ -243,18 +243,18 @@ def test_oracle_errors():
 def test_registry_and_config_round_trip():
     assert set(COMPENSATORS) == {"identity", "hopdc", "sdc", "sldc_linear", "sldc_weak", "oracle"}
     for name, cls in COMPENSATORS.items():
-        comp = get_compensator(name)
+        comp = build_compensator(name)
         assert type(comp) is cls
         config = comp.get_config()
         assert config["name"] == name
         json.dumps(config)
-        assert get_compensator(json.loads(json.dumps(config))).get_config() == config
-    assert get_compensator("hopdc", tau=0.2, topk=None).get_config()["topk"] is None
-    assert get_compensator({"name": "hopdc", "tau": 0.2}, tau=0.3).tau == 0.3
+        assert build_compensator(json.loads(json.dumps(config))).get_config() == config
+    assert build_compensator("hopdc", tau=0.2, topk=None).get_config()["topk"] is None
+    assert build_compensator({"name": "hopdc", "tau": 0.2}, tau=0.3).tau == 0.3
     with pytest.raises(ValueError, match="unknown compensator 'hop'"):
-        get_compensator("hop")
+        build_compensator("hop")
     with pytest.raises(ValueError, match="bad configuration"):
-        get_compensator("sdc", tau=0.1)
+        build_compensator("sdc", tau=0.1)
     assert HopDC(seed=gen(0)).get_config()["seed"] == "torch.Generator"
 
 

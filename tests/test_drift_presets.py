@@ -9,7 +9,7 @@ import torch
 from gdacil import ClassGaussians
 from gdacil.cil.config import ConfigError, ExperimentConfig, load_config
 from gdacil.cli import shipped_configs
-from gdacil.drift import COMPENSATORS, HopDC, LinearSLDC, get_compensator
+from gdacil.drift import COMPENSATORS, HopDC, LinearSLDC, build_compensator
 
 D = torch.float64
 
@@ -33,23 +33,23 @@ def problem(n_anchors=60, d=6, seed=0):
 def test_recommended_is_the_constructor_and_what_a_bare_spec_builds(name):
     cls = COMPENSATORS[name]
     assert "recommended" in cls.presets and cls.presets["recommended"] == {}
-    built = get_compensator({"name": name}).get_config()
+    built = build_compensator({"name": name}).get_config()
     assert built == cls().get_config() == cls.from_preset("recommended").get_config()
 
 
 def test_specs_pick_a_preset_then_apply_overrides():
-    paper = get_compensator({"name": "hopdc", "defaults": "paper", "tau": 0.1})
+    paper = build_compensator({"name": "hopdc", "defaults": "paper", "tau": 0.1})
     assert paper.get_config() == HopDC.paper(tau=0.1).get_config()
     assert (paper.tau, paper.topk, paper.match_moments) == (0.1, 400, False)
-    assert get_compensator("hopdc", defaults="paper").match_moments is False
-    assert get_compensator({"name": "hopdc"}).match_moments == "auto"
-    assert get_compensator({"name": "hopdc", "defaults": "recommended"}, match_moments=True
+    assert build_compensator("hopdc", defaults="paper").match_moments is False
+    assert build_compensator({"name": "hopdc"}).match_moments == "auto"
+    assert build_compensator({"name": "hopdc", "defaults": "recommended"}, match_moments=True
                            ).match_moments is True
-    sldc = get_compensator({"name": "sldc_linear", "defaults": "paper"})
+    sldc = build_compensator({"name": "sldc_linear", "defaults": "paper"})
     assert sldc.ridge_target == "zero" and LinearSLDC().ridge_target == "identity"
     # a saved config round-trips whatever the preset (every field is written)
     for comp in (paper, sldc, HopDC.recommended(topk=None)):
-        assert get_compensator(comp.get_config()).get_config() == comp.get_config()
+        assert build_compensator(comp.get_config()).get_config() == comp.get_config()
 
 
 @pytest.mark.parametrize("spec,match", [
@@ -62,7 +62,7 @@ def test_specs_pick_a_preset_then_apply_overrides():
 ])
 def test_bad_presets_are_clear_errors(spec, match):
     with pytest.raises(ValueError, match=match):
-        get_compensator(spec)
+        build_compensator(spec)
 
 
 def test_config_tracks_use_presets_and_report_bad_ones():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["Registry", "UnknownNameError"]
+__all__ = ["Registry", "RegistryUnion", "UnknownNameError"]
 
 
 class UnknownNameError(KeyError, ValueError):
@@ -22,6 +22,8 @@ class Registry(Mapping[str, Callable[..., Any]]):
     ----------
     kind : str
         What the registry holds ("backbone", "dataset", ...); used in error messages.
+    factories : mapping, optional
+        Entries to register at once (``name -> factory``).
 
     Examples
     --------
@@ -33,9 +35,11 @@ class Registry(Mapping[str, Callable[..., Any]]):
     ('round', 2.0)
     """
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, factories: Mapping[str, Callable[..., Any]] | None = None):
         self.kind = kind
         self._factories: dict[str, Callable[..., Any]] = {}
+        for name, factory in (factories or {}).items():
+            self.register(name, factory)
 
     def register(self, name: str, factory: Callable[..., Any] | None = None):
         """Register ``factory`` under ``name``; without ``factory``, return a decorator."""
@@ -66,3 +70,33 @@ class Registry(Mapping[str, Callable[..., Any]]):
     def build(self, name: str, /, **kwargs) -> Any:
         """Call the factory registered under ``name`` with ``kwargs``."""
         return self[name](**kwargs)
+
+
+class RegistryUnion(Registry):
+    """A read-only view of several registries, looked up in order at every access (names
+    registered later in any of them appear here too).
+
+    Examples
+    --------
+    >>> a, b = Registry("widget"), Registry("gadget")
+    >>> both = RegistryUnion("thing", a, b)
+    >>> _ = b.register("bell", lambda: "ring")
+    >>> sorted(both), both.build("bell")
+    (['bell'], 'ring')
+    """
+
+    def __init__(self, kind: str, *registries: Registry):
+        self.kind = kind
+        self._registries = registries
+
+    @property
+    def _factories(self) -> dict[str, Callable[..., Any]]:
+        merged: dict[str, Callable[..., Any]] = {}
+        for registry in self._registries:
+            merged.update(registry._factories)
+        return merged
+
+    def register(self, name: str, factory: Callable[..., Any] | None = None):
+        raise TypeError(f"register a {self.kind} in one of the registries this view combines "
+                        f"({', '.join(r.kind for r in self._registries)})")
+

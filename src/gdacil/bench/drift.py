@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from ..drift import get_compensator
+from ..drift import build_compensator
 from ..drift.synthetic import sphere_drift_problem
 from ..io import atomic_write_text
 from .common import machine_info, markdown_table, write_json
@@ -114,7 +114,7 @@ def measure_cell(cell: dict) -> dict:
                                 samples_per_class=None, seed=cell["seed"])
     stats = prob.stats.to(device)
     old, new = prob.old_anchors.to(device), prob.new_anchors.to(device)
-    comp = get_compensator(cell["compensator"], **cell["config"])
+    comp = build_compensator(cell["compensator"], **cell["config"])
     del prob
     gc.collect()
     cuda = device.type == "cuda"

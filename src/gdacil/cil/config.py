@@ -186,13 +186,13 @@ class ExperimentConfig:
 
     def build_compensator(self, label: str):
         """The compensator of track ``label``."""
-        from ..drift import get_compensator
+        from ..drift import build_compensator
 
         spec = self.compensators[label]
         if not isinstance(spec, dict) or "name" not in spec:
             raise ValueError("expected a mapping with a 'name' (gdacil list compensators)")
         self.track_anchors(label)
-        return get_compensator({k: v for k, v in spec.items() if k != "anchors"})
+        return build_compensator({k: v for k, v in spec.items() if k != "anchors"})
 
     def track_anchors(self, label: str) -> int | None:
         """How many of the run's external anchors track ``label`` fits on (None: all of them).

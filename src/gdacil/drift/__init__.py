@@ -2,8 +2,8 @@
 
 Every compensator follows one contract (:class:`Compensator`)::
 
-    comp = get_compensator("hopdc")                         # gdacil's recommended HopDC
-    comp = get_compensator("hopdc", defaults="paper")       # the paper's, exactly
+    comp = build_compensator("hopdc")                         # gdacil's recommended HopDC
+    comp = build_compensator("hopdc", defaults="paper")       # the paper's, exactly
     comp.fit(old_anchor_features, new_anchor_features)      # same N unlabelled anchors
     new_stats = comp.transform(stats, labels=old_classes)   # a new ClassGaussians
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..registry import Registry
 from .base import Compensator, Identity, NotFittedError
 from .diagnostics import class_errors, drift_report, gaussian_w2
 from .hopdc import HopDC
@@ -42,19 +43,19 @@ __all__ = [
     "NotFittedError",
     "Oracle",
     "WeakNonlinearSLDC",
+    "build_compensator",
     "class_errors",
     "drift_report",
     "gaussian_w2",
-    "get_compensator",
 ]
 
 #: Registry of compensator names to classes.
-COMPENSATORS: dict[str, type[Compensator]] = {
+COMPENSATORS = Registry("compensator", {
     cls.name: cls for cls in (Identity, HopDC, SDC, LinearSLDC, WeakNonlinearSLDC, Oracle)
-}
+})
 
 
-def get_compensator(name: str | dict[str, Any], **config) -> Compensator:
+def build_compensator(name: str | dict[str, Any], **config) -> Compensator:
     """A compensator from its registry name, a preset and hyperparameters.
 
     ``name`` may also be a dict as written in experiment configs or returned by
@@ -64,21 +65,18 @@ def get_compensator(name: str | dict[str, Any], **config) -> Compensator:
     constructor's defaults, when absent): ``{"name": "hopdc", "defaults": "paper", "tau": 0.1}``
     is the paper's HopDC with ``tau = 0.1``.
 
-    >>> from gdacil.drift import get_compensator
-    >>> get_compensator("hopdc", tau=0.1).tau
+    >>> from gdacil.drift import build_compensator
+    >>> build_compensator("hopdc", tau=0.1).tau
     0.1
-    >>> get_compensator({"name": "hopdc", "defaults": "paper"}).match_moments
+    >>> build_compensator({"name": "hopdc", "defaults": "paper"}).match_moments
     False
-    >>> get_compensator(get_compensator("sdc", sigma=0.5).get_config()).sigma
+    >>> build_compensator(build_compensator("sdc", sigma=0.5).get_config()).sigma
     0.5
     """
     if isinstance(name, dict):
         config = {**{k: v for k, v in name.items() if k != "name"}, **config}
         name = name.get("name")
-    try:
-        cls = COMPENSATORS[name]  # type: ignore[index]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown compensator {name!r}; known: {sorted(COMPENSATORS)}") from None
+    cls = COMPENSATORS[name]
     preset = config.pop("defaults", "recommended")
     try:
         return cls.from_preset(preset, **config)

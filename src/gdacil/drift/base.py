@@ -9,7 +9,7 @@ feature space::
 
 Compensators are dataclasses: the constructor only stores the arguments (checked in ``fit``),
 fitted state ends with ``_``, ``fit`` returns ``self``, and :meth:`Compensator.get_config` gives a
-JSON-serialisable dict that :func:`gdacil.drift.get_compensator` turns back into a compensator.
+JSON-serialisable dict that :func:`gdacil.drift.build_compensator` turns back into a compensator.
 
 Each compensator has named presets (:attr:`Compensator.presets`): ``recommended`` is what the
 constructor's defaults give; ``HopDC`` and ``LinearSLDC`` also have ``paper``, the setting of the

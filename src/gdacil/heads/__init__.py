@@ -1,6 +1,7 @@
 """Classifiers built from :class:`~gdacil.ClassGaussians` or fitted on features, and one registry
 of their names (:func:`build_head` builds either kind)."""
 
+from ..registry import Registry, RegistryUnion
 from .base import GaussianHead, NotFittedError
 from .fecam import FeCAM
 from .lda import LDA
@@ -12,7 +13,8 @@ from .rgda import QDA, RGDA
 from .ridge import ACIL, RanPAC
 from .sgd import SGDHead
 
-HEADS: dict[str, type[GaussianHead]] = {
+#: Heads built from class statistics (``fit(stats)``), so a drift compensator can move them
+HEADS = Registry("head", {
     "ncm": NCM,
     "lda": LDA,
     "qda": QDA,
@@ -20,32 +22,28 @@ HEADS: dict[str, type[GaussianHead]] = {
     "lr_rgda": LRRGDA,
     "sgd": SGDHead,
     "fecam": FeCAM,
-}
+})
 
-# Heads that learn from features, not from ClassGaussians: they map the features with a seeded
-# random map and keep pooled statistics of the mapped features (partial_fit(X, y), merge, save).
-STREAMING_HEADS: dict[str, type[MappedLinearHead]] = {
+#: Heads that learn from features, not from ClassGaussians: they map the features with a seeded
+#: random map and keep pooled statistics of the mapped features (partial_fit(X, y), merge, save)
+STREAMING_HEADS = Registry("streaming head", {
     "ranpac": RanPAC,
     "acil": ACIL,
     "rbf_lda": RBFLDA,
-}
+})
 
-#: Every registered name, the heads built from statistics and the streaming ones
-ALL_HEADS: dict[str, type] = {**HEADS, **STREAMING_HEADS}
+#: Every head name, either kind: what configs, ``gdacil list heads`` and :func:`build_head` use
+ALL_HEADS = RegistryUnion("head", HEADS, STREAMING_HEADS)
 
 
 def head_class(name: str) -> type:
-    """The class registered as ``name`` in :data:`ALL_HEADS`."""
-    cls = ALL_HEADS.get(name)
-    if cls is None:
-        raise ValueError(f"unknown head {name!r}; known heads: {', '.join(sorted(HEADS))}; "
-                         f"streaming heads (fitted on features): {', '.join(sorted(STREAMING_HEADS))}")
-    return cls
+    """The class registered as ``name`` in :data:`ALL_HEADS` (``UnknownNameError`` otherwise)."""
+    return ALL_HEADS[name]
 
 
-def build_head(name: str, **params) -> GaussianHead | MappedLinearHead:
+def build_head(name: str, /, **params) -> GaussianHead | MappedLinearHead:
     """Instantiate the head registered as ``name`` (either kind) with ``params``."""
-    return head_class(name)(**params)
+    return ALL_HEADS.build(name, **params)
 
 
 __all__ = [
