@@ -3,16 +3,22 @@
 :class:`LRRGDAClassifier`, :class:`RGDAClassifier`, :class:`QDAClassifier`,
 :class:`LDAClassifier` and :class:`NCMClassifier` wrap the heads of :mod:`gdacil.heads` in the
 scikit-learn estimator API: numpy in, numpy out, any label type, ``get_params``/``set_params``,
-``clone``, pipelines, ``score``. They pass ``sklearn.utils.estimator_checks.check_estimator``
-with no check skipped.
+``clone``, pipelines, ``score``. So do, for the methods users compare against,
+:class:`FeCAMClassifier` (:class:`~gdacil.heads.FeCAM`), :class:`RanPACClassifier`,
+:class:`ACILClassifier` and :class:`RBFLDAClassifier` (the mapped heads
+:class:`~gdacil.heads.RanPAC`, :class:`~gdacil.heads.ACIL`, :class:`~gdacil.heads.RBFLDA`; see
+"The anchor heads" below). Every estimator's parameters are its head's (same names and defaults;
+``dtype`` is a string). They all pass ``sklearn.utils.estimator_checks.check_estimator`` with no
+check skipped.
 
 Class-incremental learning
 --------------------------
 ``partial_fit(X, y)`` accepts classes never seen before; there is no ``classes=`` to declare up
 front (scikit-learn's own incremental classifiers need one, scikit-learn#30042). The estimator
 keeps the per-class count, mean and scatter of everything it has seen in a
-:class:`~gdacil.ClassGaussians` (``stats_``) and rebuilds the head from them after every call, so
-fitting in shards, in any order, gives the model of fitting everything at once (up to round-off).
+:class:`~gdacil.ClassGaussians` (``stats_``; the mapped heads keep pooled statistics instead, see
+"The anchor heads") and rebuilds the head from them after every call, so fitting in shards, in
+any order, gives the model of fitting everything at once (up to round-off).
 The head object ``head_`` is kept across ``partial_fit`` calls: :class:`~gdacil.heads.LRRGDA`
 caches the eigenpairs of each class and re-decomposes only the classes that are new or received
 samples (``head_.n_decomposed_`` says how many). ``fit`` starts from scratch.
@@ -28,30 +34,68 @@ round-off.
 incremental API: every label of ``y`` must be listed there, but a class enters ``classes_`` only
 once it has samples (a Gaussian needs data).
 
+``set_params`` between ``partial_fit`` calls takes effect at the next call (the head is rebuilt
+or re-solved from all the statistics), except for the parameters the statistics themselves depend
+on: FeCAM's ``tukey``, ``l2`` and ``ddof`` and the mapped heads' map (``dim_out``,
+``buffer_size``, ``bandwidth``, ``seed``). Changing one of those between ``partial_fit`` calls
+raises a ``ValueError`` (nothing changes); ``fit`` starts afresh with the new value.
+
+The anchor heads
+----------------
+:class:`FeCAMClassifier` transforms every sample first (signed Tukey power, optional L2
+normalisation: :meth:`gdacil.heads.FeCAM.transform`); ``stats_`` holds the per-class statistics
+of the transformed features, what :meth:`gdacil.heads.FeCAM.fit_stats` takes, and the head
+transforms the samples it scores. Its scores are minus half FeCAM's squared Mahalanobis
+distance plus the log-prior (no log-determinant): ``predict_proba`` is their softmax, not a
+Gaussian posterior.
+
+:class:`RanPACClassifier`, :class:`ACILClassifier` and :class:`RBFLDAClassifier` wrap a
+:class:`~gdacil.heads.MappedLinearHead`: the head maps the raw features through a seeded random
+map of dimension ``M`` (``dim_out``, ``buffer_size``) and keeps pooled statistics of the MAPPED
+features (:class:`~gdacil.pooled_stats.PooledGaussians`: class counts and means and one pooled
+``M x M`` scatter). There is no per-class Gaussian: ``stats_`` is the head's pooled statistics
+(the same object as ``head_.stats_``). Fitting in shards gives the model of one ``fit`` up to
+round-off, except where a setting is chosen from the data: ``bandwidth="auto"`` (RBF-LDA) from
+the first batch, ``lam="auto"`` (RanPAC) from EVERY batch (an 80/20 holdout split of that batch;
+each ``partial_fit`` then needs at least 2 samples, and the penalty in use is the last batch's).
+Scores:
+
+- RanPAC, ACIL: the outputs ``h^T W`` of a ridge regression on one-hot targets (1 for a sample's
+  class, 0 for the others), not log-posteriors; ``predict_proba`` is their softmax, a monotone
+  squashing that keeps the ranking, not a calibrated probability.
+- RBF-LDA: LDA log-posteriors in the mapped space up to a per-sample constant; ``predict_proba``
+  is the LDA posterior.
+
+The head's solve is lazy, but every ``partial_fit`` of these estimators solves (``M^3 / 3``
+flops), so that a solve that fails does so inside ``partial_fit``. The defaults (``M`` = 10000,
+8192, 5000) make the statistics 0.2 to 0.8 GB; use a few hundred for small problems.
+
 Labels and outputs
 ------------------
 Labels may be of any type scikit-learn accepts (ints, floats with integral values, strings,
 objects). ``classes_`` is sorted like scikit-learn's; ``predict`` returns original labels;
 ``predict_proba``, ``predict_log_proba`` and ``decision_function`` have their columns in
-``classes_`` order. Scores are log-posteriors up to a per-sample constant, so for two classes
-``decision_function`` returns the log-odds ``score(classes_[1]) - score(classes_[0])`` (1-D,
-positive means ``classes_[1]``), as scikit-learn's convention asks. ``fit`` needs at least two
-classes, as scikit-learn's does; ``partial_fit`` accepts a first batch of one class (classes
-arrive over time), and until a second arrives it predicts that class everywhere (its
-``decision_function`` has one column).
+``classes_`` order. ``predict_proba`` is the softmax of the scores. The Gaussian heads' scores are
+log-posteriors up to a per-sample constant (for the anchor heads see above). For two classes
+``decision_function`` returns ``score(classes_[1]) - score(classes_[0])`` (1-D, positive means
+``classes_[1]``; the log-odds where the scores are log-posteriors), as scikit-learn's convention
+asks. ``fit`` needs at least two classes, as scikit-learn's does; ``partial_fit`` accepts a first
+batch of one class (classes arrive over time), and until a second arrives it predicts that class
+everywhere (its ``decision_function`` has one column).
 
-Priors default to uniform (the paper's choice; scikit-learn's LDA/QDA default to the empirical
-frequencies: pass ``priors="empirical"`` for that). An array of priors is in ``classes_`` order and
-must match the number of classes; a mapping is keyed by the original labels and may name classes
-that ``partial_fit`` has yet to see (only the priors of the classes seen so far are used,
-renormalised). Priors (all the array's, or all the mapping's entries) that do not sum to 1 are
+Priors (every estimator but RanPAC and ACIL, which have none) default to uniform (the paper's
+choice; scikit-learn's LDA/QDA default to the empirical frequencies: pass ``priors="empirical"``
+for that). An array of priors is in ``classes_`` order and must match the number of classes; a
+mapping is keyed by the original labels and may name classes that ``partial_fit`` has yet to see
+(only the priors of the classes seen so far are used, renormalised). Priors (all the array's, or all the mapping's entries) that do not sum to 1 are
 renormalised with a ``UserWarning``, as scikit-learn does.
 
 Numerics and scale
 ------------------
 Statistics are accumulated in float64 on the CPU. The head is built in float64 and scores in
 ``dtype`` (default ``"float64"``) on ``device`` (default CPU): ``device="cuda",
-dtype="float32"`` builds and scores on a GPU. Outputs are numpy arrays either way. The class
+dtype="float32"`` builds and scores on a GPU. The mapped heads run on the CPU (no ``device``) and
+take ``dtype`` ``"float64"`` or ``"float32"``. Outputs are numpy arrays either way. The class
 covariances use ``1/n`` (as scikit-learn >= 1.8's QDA does). The identity terms of RGDA, LR-RGDA
 (``alpha3``) and LDA (the shrinkage target) are measured in units of ``tr(Sigma_avg) / d``, the
 mean per-dimension within-class variance, so predictions are the same whatever the units of the
@@ -74,14 +118,18 @@ Input is validated by scikit-learn's ``validate_data``: NaN or inf, a wrong numb
 or features, empty input, and continuous targets raise ``ValueError``; using an estimator before
 ``fit`` raises ``sklearn.exceptions.NotFittedError``. Parameters and class counts are checked
 before anything changes: a ``partial_fit`` that fails these checks leaves the estimator as it was
-(``fit`` starts from scratch, so a failed ``fit`` leaves it unfitted). Building the head is the only
-step that can fail after the batch has joined the statistics (a matrix that cannot be factorised
-even with jitter); the estimator then counts as not fitted until a later ``partial_fit`` (say
-after ``set_params``) or ``fit`` builds the head.
+(``fit`` starts from scratch, so a failed ``fit`` leaves it unfitted). Building or solving the
+head is the only step that can fail after the batch has joined the statistics (a matrix that
+cannot be factorised even with jitter, values that overflow); the call then raises and undoes
+itself: statistics, head and predictions are exactly as before it. The per-class statistics save
+the rows of the batch's classes for that; the pooled statistics of the mapped heads keep a copy of
+their ``M x M`` scatter during the call (updated in place, a float64 sum cannot be undone
+exactly), ``8 M^2`` bytes more at the peak (0.8 GB at ``M = 10000``).
 
 scikit-learn compatibility
 --------------------------
-Skipped ``check_estimator`` checks: none. ``tests/test_sklearn.py`` runs every check through
+Skipped ``check_estimator`` checks: none. ``tests/test_sklearn.py`` and
+``tests/test_sklearn_anchors.py`` (the anchor heads, with small maps) run every check through
 ``parametrize_with_checks``. scikit-learn itself skips ``check_classifier_data_not_an_array``
 when pandas is not installed and ``check_array_api_input`` unless ``SCIPY_ARRAY_API=1`` is set;
 both pass when those are present. See ``docs/sklearn.md``.
@@ -91,6 +139,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -98,34 +147,53 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from .heads import LDA, LRRGDA, NCM, QDA, RGDA
+from .heads import ACIL, LDA, LRRGDA, NCM, QDA, RBFLDA, RGDA, FeCAM, RanPAC
 from .heads.base import warn_unless_normalised
+from .heads.mapped import DEFAULT_MAX_BYTES
 from .heads.rgda import PAPER_ALPHAS
+from .heads.ridge import RidgeHead
+from .heads.ridge_lambda import DEFAULT_LAMBDA_GRID
 from .stats import ClassGaussians
 
 __all__ = [
-    "LRRGDAClassifier",
-    "RGDAClassifier",
-    "QDAClassifier",
+    "ACILClassifier",
+    "FeCAMClassifier",
     "LDAClassifier",
+    "LRRGDAClassifier",
     "NCMClassifier",
+    "QDAClassifier",
+    "RBFLDAClassifier",
+    "RGDAClassifier",
+    "RanPACClassifier",
 ]
 
 _FLOAT_DTYPES = (np.float64, np.float32)
 _FITTED_STATE = ("stats_", "head_", "classes_", "_class_ids", "_columns", "_labels_by_id")
 
-_SHARED_PARAMETERS = """\
+# Documentation of the parameters several estimators share, in the order of each signature
+_PARAMETER_DOCS = {
+    "priors": """\
     priors : None, "empirical", array-like of shape (n_classes,) or mapping, default None
         Class priors. None means uniform (the paper's choice); "empirical" uses the class
         frequencies; an array is in ``classes_`` order; a mapping is keyed by class label
-        (and, unlike an array, can cover classes that ``partial_fit`` has not seen yet).
+        (and, unlike an array, can cover classes that ``partial_fit`` has not seen yet).""",
+    "device": """\
     device : str or torch.device, optional
-        Where the head is built and scores are computed (default CPU).
+        Where the head is built and scores are computed (default CPU).""",
+    "dtype": """\
     dtype : str or torch.dtype, default "float64"
-        Dtype of the head's inference tensors ("float64", "float32", ...). Statistics are
-        always accumulated in float64.
+        Dtype of the head's inference tensors ("float64", "float32", ...; the mapped heads take
+        those two only). Statistics are always accumulated, and mapped heads solved, in
+        float64.""",
+    "class_batch_size": """\
     class_batch_size : int or "auto", default "auto"
-        Classes per block when building and scoring; "auto" keeps the score buffer near 8 MiB."""
+        Classes per block when building and scoring; "auto" keeps the score buffer near 8 MiB.""",
+    "max_bytes": """\
+    max_bytes : int or None, default 16 GiB
+        Largest state (statistics plus the work space of a build or solve) the head accepts;
+        larger configurations are refused with a ``ValueError`` before memory is allocated.
+        None disables the check.""",
+}
 
 _SHARED_ATTRIBUTES = """\
     classes_ : ndarray of shape (n_classes,)
@@ -134,7 +202,9 @@ _SHARED_ATTRIBUTES = """\
         Number of features seen during ``fit``.
     feature_names_in_ : ndarray of shape (n_features_in_,)
         Names of the features seen during ``fit``; defined only when ``X`` had string column
-        names.
+        names."""
+
+_GAUSSIAN_STATE = """\
     stats_ : ClassGaussians
         Accumulated per-class statistics (internal integer class ids, in order of first
         appearance).
@@ -142,10 +212,21 @@ _SHARED_ATTRIBUTES = """\
         The head built from ``stats_``; one object for the estimator's whole life between two
         ``fit`` calls."""
 
+_MAPPED_STATE = """\
+    stats_ : PooledGaussians
+        The head's statistics of the mapped features (the same object as ``head_.stats_``):
+        class counts and means and one pooled scatter, internal integer class ids in order of
+        first appearance. There are no per-class covariances.
+    head_ : MappedLinearHead
+        The head, solved after every ``partial_fit``; its ``feature_map_`` is fixed by the first
+        batch; one object for the estimator's whole life between two ``fit`` calls."""
+
 
 def _fill_docstring(cls):
-    cls.__doc__ = (cls.__doc__.replace("    {shared_parameters}", _SHARED_PARAMETERS)
-                   .replace("    {shared_attributes}", _SHARED_ATTRIBUTES))
+    names = list(inspect.signature(cls.__init__).parameters)[1:]
+    shared = "\n".join(_PARAMETER_DOCS[name] for name in names if name in _PARAMETER_DOCS)
+    cls.__doc__ = (cls.__doc__.replace("    {shared_parameters}", shared)
+                   .replace("    {shared_attributes}", f"{_SHARED_ATTRIBUTES}\n{cls._STATE_DOC}"))
     return cls
 
 
@@ -172,31 +253,87 @@ def _is_numeric(labels: np.ndarray) -> bool:
     return labels.dtype.kind in "biuf"
 
 
+def _same(a, b) -> bool:
+    """Whether two parameter values are equal (values whose ``==`` is not one bool differ)."""
+    try:
+        return a is b or bool(a == b)
+    except (TypeError, ValueError):
+        return False
+
+
+@contextmanager
+def _restore_on_error(head, params: dict):
+    """Set ``params`` on ``head``; if the ``with`` block raises, give ``head`` back its attributes.
+
+    Heads replace their fitted state by assignment, never by writing into it, except for lists
+    they append to (RanPAC's ``lam_history_``), which are copied here. Statistics updated in place
+    are undone by their own rollback (:meth:`~gdacil.ClassStatistics.rollback_on_error`,
+    :func:`_pooled_rollback`).
+    """
+    saved = {name: list(value) if isinstance(value, list) else value
+             for name, value in vars(head).items()}
+    try:
+        for name, value in params.items():
+            setattr(head, name, value)
+        yield head
+    except BaseException:
+        vars(head).clear()
+        vars(head).update(saved)
+        raise
+
+
+@contextmanager
+def _pooled_rollback(stats):
+    """Undo the ``with`` block's changes to the ``PooledGaussians`` ``stats`` if it raises.
+
+    The pooled scatter is updated in place (``addmm_``) and a float64 sum cannot be undone
+    exactly, so this keeps a copy: the ``M x M`` scatter and the ``C x M`` means, restored into the
+    same object (so ``stats_`` and ``head_.stats_`` stay one). ``None``: nothing to save.
+    """
+    saved = None if stats is None else stats.copy()
+    try:
+        yield
+    except BaseException:
+        if saved is not None:
+            vars(stats).update(vars(saved))
+        raise
+
+
 def _update_and_rebuild(stats: ClassGaussians, head, params: dict, X: torch.Tensor,
                         y_ids: torch.Tensor) -> None:
     """Add the batch to ``stats`` and refit ``head`` with ``params``, or change neither.
 
     If anything fails (a head that cannot be built from the merged statistics, an interrupt),
-    ``stats`` gets back the rows of the batch's classes and ``head`` its attributes: heads
-    rebuild their fitted state by assignment, never by writing into it.
+    ``stats`` gets back the rows of the batch's classes and ``head`` its attributes.
     """
-    saved = dict(head.__dict__)
-    try:
-        with stats.rollback_on_error(torch.unique(y_ids).tolist()):
-            for name, value in params.items():
-                setattr(head, name, value)
-            stats.update(X, y_ids)
-            head.fit(stats)
-    except BaseException:
-        head.__dict__.clear()
-        head.__dict__.update(saved)
-        raise
+    with _restore_on_error(head, params), stats.rollback_on_error(torch.unique(y_ids).tolist()):
+        stats.update(X, y_ids)
+        head.fit(stats)
+        head._check_fitted()  # heads that build lazily (FeCAM) build here: failures surface now
+
+
+def _update_and_solve(head, params: dict, X: torch.Tensor, y_ids: torch.Tensor) -> None:
+    """Fold the batch into a mapped head's pooled statistics and solve with ``params``, or change
+    nothing (statistics, fitted scalars, weights)."""
+    with _restore_on_error(head, params), _pooled_rollback(getattr(head, "stats_", None)):
+        if isinstance(head, RidgeHead) and hasattr(head, "stats_") and head._penalty() is not None:
+            head.lam_ = head._penalty()  # the head reads a fixed penalty at its first batch only
+        head.partial_fit(X, y_ids)
+        head.solve()
 
 
 class _GaussianClassifier(ClassifierMixin, BaseEstimator):
-    """Shared machinery: label encoding, statistics, head (re)building, outputs."""
+    """Shared machinery: label encoding, statistics, head (re)building, outputs.
+
+    Subclasses name the head (``_head_class``; the estimator's parameters are the head's) and may
+    override ``_apply_batch`` (how a batch reaches the statistics and the head), ``_new_stats``,
+    ``_check_class_counts`` and ``_fixed_params`` (parameters the statistics depend on).
+    """
 
     _head_class: type = None
+    #: Parameters the statistics depend on (a feature map, a transform): fixed by the first batch
+    _fixed_params: tuple[str, ...] = ()
+    _STATE_DOC = _GAUSSIAN_STATE
 
     def __init__(self, *, priors=None, device=None, dtype="float64", class_batch_size="auto"):
         self.priors = priors
@@ -257,18 +394,39 @@ class _GaussianClassifier(ClassifierMixin, BaseEstimator):
         self._check_class_counts(labels, counts[class_ids])
         kwargs = self._head_kwargs(labels, class_ids)
         self._head_class(**kwargs)._check_params()
+        if not reset:
+            self._check_fixed_params()
 
-        if reset:
-            stats, head = ClassGaussians(X.shape[1]), self._head_class(**kwargs)
-        else:
-            stats, head = self.stats_, self.head_
-        _update_and_rebuild(stats, head, kwargs, _as_tensor(X), torch.from_numpy(y_ids))
+        stats, head = self._apply_batch(_as_tensor(X), torch.from_numpy(y_ids), kwargs, reset=reset)
         self.stats_, self.head_ = stats, head
         self.classes_, self._class_ids = labels, class_ids
         self._columns = stats.positions(class_ids.tolist())
         self._labels_by_id = np.empty_like(labels)
         self._labels_by_id[class_ids] = labels
         return self
+
+    def _apply_batch(self, X: torch.Tensor, y_ids: torch.Tensor, kwargs: dict, *, reset: bool):
+        """Fold the batch into the statistics and rebuild the head with ``kwargs``, or change
+        nothing; returns ``(stats, head)`` (new ones when ``reset``)."""
+        if reset:
+            stats, head = self._new_stats(X.shape[1]), self._head_class(**kwargs)
+        else:
+            stats, head = self.stats_, self.head_
+        _update_and_rebuild(stats, head, kwargs, X, y_ids)
+        return stats, head
+
+    def _new_stats(self, n_features: int) -> ClassGaussians:
+        return ClassGaussians(n_features)
+
+    def _check_fixed_params(self) -> None:
+        """Refuse a change, since the first batch, of a parameter the statistics depend on."""
+        for name in self._fixed_params:
+            used, now = getattr(self.head_, name), getattr(self, name)
+            if not _same(used, now):
+                raise ValueError(
+                    f"{type(self).__name__}: {name} changed from {used!r} to {now!r} since the "
+                    f"first batch, but the statistics were computed with {name}={used!r}; call "
+                    "fit to start afresh with the new value")
 
     def __sklearn_is_fitted__(self) -> bool:
         return getattr(self, "_columns", None) is not None
@@ -314,7 +472,8 @@ class _GaussianClassifier(ClassifierMixin, BaseEstimator):
         names = list(inspect.signature(self._head_class.__init__).parameters)[1:]
         kwargs = {name: getattr(self, name) for name in names}
         kwargs["dtype"] = _torch_dtype(self.dtype)
-        kwargs["priors"] = self._internal_priors(labels, class_ids)
+        if "priors" in kwargs:
+            kwargs["priors"] = self._internal_priors(labels, class_ids)
         return kwargs
 
     def _internal_priors(self, labels: np.ndarray, class_ids: np.ndarray):
@@ -344,9 +503,12 @@ class _GaussianClassifier(ClassifierMixin, BaseEstimator):
         check_is_fitted(self)
         return _as_tensor(validate_data(self, X, reset=False, dtype=_FLOAT_DTYPES))
 
-    def _head_output(self, method: str, X) -> np.ndarray:
+    def _head_output(self, method: str, X, then=None) -> np.ndarray:
+        """The head's ``method`` on ``X`` (then ``then`` of it), columns in ``classes_`` order."""
         X = self._validate_for_prediction(X)
         out = getattr(self.head_, method)(X)
+        if then is not None:
+            out = then(out)
         return out[:, self._columns.to(out.device)].cpu().numpy()
 
     def predict(self, X):
@@ -355,12 +517,15 @@ class _GaussianClassifier(ClassifierMixin, BaseEstimator):
         return self._labels_by_id[self.head_.predict(X).numpy()]
 
     def decision_function(self, X):
-        """Class scores: log-posteriors up to a per-sample constant.
+        """Class scores: log-posteriors up to a per-sample constant for the Gaussian heads and
+        RBF-LDA; ridge outputs (targets 0/1) for RanPAC and ACIL; minus half the squared
+        Mahalanobis distance plus the log-prior for FeCAM.
 
         Returns
         -------
         ndarray of shape (n_samples, n_classes), columns in ``classes_`` order; for two classes,
-        shape (n_samples,): the log-odds of ``classes_[1]`` against ``classes_[0]``.
+        shape (n_samples,): ``score(classes_[1]) - score(classes_[0])`` (the log-odds where the
+        scores are log-posteriors; positive means ``classes_[1]``).
         """
         scores = self._head_output("decision_function", X)
         if scores.shape[1] == 2:
@@ -368,12 +533,15 @@ class _GaussianClassifier(ClassifierMixin, BaseEstimator):
         return scores
 
     def predict_proba(self, X):
-        """Posterior class probabilities, shape ``(n_samples, n_classes)``, ``classes_`` order."""
+        """Softmax of the scores, shape ``(n_samples, n_classes)``, ``classes_`` order: the
+        posterior class probabilities where the scores are log-posteriors (see
+        :meth:`decision_function`)."""
         return self._head_output("predict_proba", X)
 
     def predict_log_proba(self, X):
-        """Log of :meth:`predict_proba`, computed stably."""
-        return self._head_output("predict_log_proba", X)
+        """Log of :meth:`predict_proba`, computed stably (log-softmax of the scores)."""
+        return self._head_output("decision_function", X,
+                                 then=lambda scores: torch.log_softmax(scores, dim=1))
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -622,3 +790,256 @@ class LRRGDAClassifier(_GaussianClassifier):
         self.oversample = oversample
         self.n_iter = n_iter
         self.random_state = random_state
+
+
+@_fill_docstring
+class FeCAMClassifier(_GaussianClassifier):
+    """FeCAM's per-class Mahalanobis classifier (:class:`gdacil.heads.FeCAM`).
+
+    Samples are transformed first (the signed Tukey power ``sign(x) |x|^tukey``, then L2
+    normalisation if ``l2``; :meth:`gdacil.heads.FeCAM.transform`), and ``stats_`` holds the
+    per-class statistics of the TRANSFORMED features (what :meth:`gdacil.heads.FeCAM.fit_stats`
+    takes); the head transforms the samples it scores itself. Class ``c`` scores
+    ``-1/2 (x - mu_c)^T R_c^{-1} (x - mu_c) + log pi_c`` with ``R_c`` the shrunk (``alpha1``,
+    ``alpha2``) and, if ``normalize``, correlation-normalised covariance: no log-determinant, so
+    ``predict_proba`` is a softmax of distances, not a Gaussian posterior. ``tukey``, ``l2`` and
+    ``ddof`` define the statistics and are fixed by the first batch (change them with ``fit``).
+    The published settings are ``gdacil.heads.fecam.FECAM_PRESETS`` (e.g.
+    ``FeCAMClassifier(**FECAM_PRESETS["vit"])``).
+
+    Parameters
+    ----------
+    alpha1, alpha2 : float >= 0, default (1.0, 0.0)
+        Shrinkage towards the mean diagonal and the mean off-diagonal entry of each covariance.
+    tukey : float > 0 or None, default None
+        Tukey power (None: no transform).
+    normalize : bool, default True
+        Correlation normalisation of the shrunk covariances.
+    l2 : bool, default False
+        L2-normalise each sample (after Tukey).
+    rcond : float in [0, 1), default 1e-10
+        Eigenvalues of ``R_c`` below ``rcond`` times its largest are treated as zero.
+    ddof : {0, 1}, default 1
+        Covariance normalisation ``1 / (n - ddof)`` (irrelevant when ``normalize``).
+    {shared_parameters}
+
+    Attributes
+    ----------
+    {shared_attributes}
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gdacil.sklearn import FeCAMClassifier
+    >>> rng = np.random.default_rng(0)
+    >>> y = np.repeat(["a", "b", "c"], 40)
+    >>> X = rng.normal(size=(120, 5)) + 3.0 * np.eye(3, 5)[np.searchsorted(["a", "b", "c"], y)]
+    >>> clf = FeCAMClassifier(tukey=0.5).partial_fit(X[y != "c"], y[y != "c"])
+    >>> clf = clf.partial_fit(X[y == "c"], y[y == "c"])      # a class never seen before
+    >>> clf.classes_, clf.score(X, y) > 0.9
+    (array(['a', 'b', 'c'], dtype='<U1'), True)
+    """
+
+    _head_class = FeCAM
+    _fixed_params = ("tukey", "l2", "ddof")
+
+    def __init__(self, alpha1=1.0, alpha2=0.0, *, tukey=None, normalize=True, l2=False,
+                 rcond=1e-10, ddof=1, priors=None, device=None, dtype="float64",
+                 class_batch_size="auto", max_bytes=DEFAULT_MAX_BYTES):
+        super().__init__(priors=priors, device=device, dtype=dtype,
+                         class_batch_size=class_batch_size)
+        self.alpha1 = alpha1
+        self.alpha2 = alpha2
+        self.tukey = tukey
+        self.normalize = normalize
+        self.l2 = l2
+        self.rcond = rcond
+        self.ddof = ddof
+        self.max_bytes = max_bytes
+
+    def _apply_batch(self, X, y_ids, kwargs, *, reset):
+        Z = self._head_class(**kwargs).transform(X)  # FeCAM's statistics: transformed features
+        if not torch.isfinite(Z).all():
+            raise ValueError(f"{type(self).__name__}: the Tukey power {self.tukey} overflows "
+                             "float64 on these features; rescale them or lower tukey")
+        return super()._apply_batch(Z, y_ids, kwargs, reset=reset)
+
+    def _new_stats(self, n_features: int) -> ClassGaussians:
+        return ClassGaussians(n_features, ddof=self.ddof)
+
+
+class _MappedClassifier(_GaussianClassifier):
+    """Estimators over a :class:`~gdacil.heads.MappedLinearHead`: the head maps the raw features
+    and keeps the pooled statistics itself; every ``partial_fit`` solves it."""
+
+    _STATE_DOC = _MAPPED_STATE
+
+    def _apply_batch(self, X, y_ids, kwargs, *, reset):
+        head = self._head_class(**kwargs) if reset else self.head_
+        _update_and_solve(head, kwargs, X, y_ids)
+        return head.stats_, head
+
+
+@_fill_docstring
+class RanPACClassifier(_MappedClassifier):
+    """RanPAC's analytic head (:class:`gdacil.heads.RanPAC`): a random ReLU projection of the
+    features to ``dim_out`` dimensions, then ridge regression on one-hot targets.
+
+    Scores are the ridge outputs ``h^T W`` (targets 0/1), not log-posteriors; ``predict_proba``
+    is their softmax, which keeps the ranking. With ``lam="auto"`` every ``partial_fit`` chooses
+    the penalty from a seeded 80/20 holdout split of THAT batch (so each call needs at least 2
+    samples, and the model depends on how the data were split into calls: the penalty is the last
+    batch's choice, ``head_.lam_history_`` lists them all); with a numeric ``lam``, fitting in
+    shards gives the model of one ``fit`` up to round-off. ``dim_out`` and ``seed`` define the
+    map and are fixed by the first batch.
+
+    Parameters
+    ----------
+    dim_out : int >= 0, default 10000
+        Projection dimension ``M`` (0: ridge on the raw features). The statistics hold an
+        ``M x M`` matrix (0.8 GB at the default): use a few hundred for small problems.
+    lam : "auto" or float > 0, default "auto"
+        Ridge penalty, or "auto" to choose it from ``lam_grid`` on each batch.
+    seed : int, default 0
+        Seeds the projection and the holdout splits.
+    lam_grid : sequence of float, default ``10^-8, ..., 10^8``
+    train_fraction : float in (0, 1), default 0.8
+    {shared_parameters}
+
+    Attributes
+    ----------
+    {shared_attributes}
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gdacil.sklearn import RanPACClassifier
+    >>> rng = np.random.default_rng(0)
+    >>> y = np.repeat(["cat", "dog", "owl"], 50)
+    >>> X = rng.normal(size=(150, 8)) + 2.0 * np.eye(3, 8)[np.repeat([0, 1, 2], 50)]
+    >>> clf = RanPACClassifier(dim_out=128).partial_fit(X[:100], y[:100])
+    >>> clf = clf.partial_fit(X[100:], y[100:])                # "owl" is new
+    >>> clf.classes_, clf.score(X, y) > 0.9, len(clf.head_.lam_history_)
+    (array(['cat', 'dog', 'owl'], dtype='<U3'), True, 2)
+    """
+
+    _head_class = RanPAC
+    _fixed_params = ("dim_out", "seed")
+
+    def __init__(self, dim_out=10_000, lam="auto", *, seed=0, lam_grid=DEFAULT_LAMBDA_GRID,
+                 train_fraction=0.8, dtype="float64", max_bytes=DEFAULT_MAX_BYTES):
+        self.dim_out = dim_out
+        self.lam = lam
+        self.seed = seed
+        self.lam_grid = lam_grid
+        self.train_fraction = train_fraction
+        self.dtype = dtype
+        self.max_bytes = max_bytes
+
+    def _apply_batch(self, X, y_ids, kwargs, *, reset):
+        if _same(self.lam, "auto") and X.shape[0] < 2:
+            raise ValueError(f"{type(self).__name__}(lam='auto') chooses lam on a holdout split "
+                             f"of each batch, which needs at least 2 samples; got {X.shape[0]}. "
+                             "Pass larger batches or a numeric lam")
+        return super()._apply_batch(X, y_ids, kwargs, reset=reset)
+
+
+@_fill_docstring
+class ACILClassifier(_MappedClassifier):
+    """ACIL's analytic head (:class:`gdacil.heads.ACIL`): a uniform random ReLU buffer of
+    ``buffer_size`` features, then ridge regression on one-hot targets with penalty ``gamma``.
+
+    Scores are the ridge outputs (targets 0/1), not log-posteriors; ``predict_proba`` is their
+    softmax. ACIL's recursive least squares is this joint ridge, so fitting in shards gives the
+    model of one ``fit`` up to round-off. ``gamma`` is absolute: predictions depend on the scale
+    of the features (scale them, e.g. with a ``StandardScaler``). ``buffer_size`` and ``seed``
+    define the map and are fixed by the first batch.
+
+    Parameters
+    ----------
+    buffer_size : int, default 8192
+        Buffer dimension ``M``; the statistics hold an ``M x M`` matrix (0.54 GB at the
+        default): use a few hundred for small problems.
+    gamma : float > 0, default 0.1
+    seed : int, default 0
+    {shared_parameters}
+
+    Attributes
+    ----------
+    {shared_attributes}
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sklearn.pipeline import make_pipeline
+    >>> from sklearn.preprocessing import StandardScaler
+    >>> from gdacil.sklearn import ACILClassifier
+    >>> rng = np.random.default_rng(0)
+    >>> y = np.repeat([3, 1, 2], 50)
+    >>> X = 100.0 * (rng.normal(size=(150, 8)) + 2.0 * np.eye(3, 8)[np.repeat([0, 1, 2], 50)])
+    >>> clf = make_pipeline(StandardScaler(), ACILClassifier(buffer_size=256)).fit(X, y)
+    >>> clf.classes_, clf.score(X, y) > 0.9
+    (array([1, 2, 3]), True)
+    """
+
+    _head_class = ACIL
+    _fixed_params = ("buffer_size", "seed")
+
+    def __init__(self, buffer_size=8192, gamma=0.1, *, seed=0, dtype="float64",
+                 max_bytes=DEFAULT_MAX_BYTES):
+        self.buffer_size = buffer_size
+        self.gamma = gamma
+        self.seed = seed
+        self.dtype = dtype
+        self.max_bytes = max_bytes
+
+
+@_fill_docstring
+class RBFLDAClassifier(_MappedClassifier):
+    """LDA on random Fourier features (:class:`gdacil.heads.RBFLDA`; KLDA, RanDumb): an RBF
+    kernel approximated by ``dim_out`` features, one OAS-shrunk pooled covariance.
+
+    Scores are LDA log-posteriors in the mapped space up to a per-sample constant, so
+    ``predict_proba`` is the LDA posterior. ``bandwidth="auto"`` is set from the first batch
+    (the root-mean-square distance between its samples, so that batch needs 2 distinct samples);
+    with a numeric bandwidth, fitting in shards gives the model of one ``fit`` up to round-off.
+    ``dim_out``, ``bandwidth`` and ``seed`` define the map and are fixed by the first batch.
+
+    Parameters
+    ----------
+    dim_out : int, default 5000
+        Number of random Fourier features ``D``; the statistics hold a ``D x D`` matrix (0.2 GB
+        at the default): use a few hundred for small problems.
+    bandwidth : float > 0 or "auto", default "auto"
+    shrinkage : "oas", float in [0, 1] or None, default "oas"
+    seed : int, default 0
+    {shared_parameters}
+
+    Attributes
+    ----------
+    {shared_attributes}
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gdacil.sklearn import RBFLDAClassifier
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(200, 2))
+    >>> y = np.where(np.hypot(X[:, 0], X[:, 1]) < 1.0, "inner", "outer")  # not linearly separable
+    >>> clf = RBFLDAClassifier(dim_out=256, bandwidth=1.0).fit(X, y)
+    >>> clf.score(X, y) > 0.9, clf.predict([[0.0, 0.1], [2.0, 2.0]])
+    (True, array(['inner', 'outer'], dtype='<U5'))
+    """
+
+    _head_class = RBFLDA
+    _fixed_params = ("dim_out", "bandwidth", "seed")
+
+    def __init__(self, dim_out=5000, bandwidth="auto", shrinkage="oas", *, seed=0, priors=None,
+                 dtype="float64", max_bytes=DEFAULT_MAX_BYTES):
+        self.dim_out = dim_out
+        self.bandwidth = bandwidth
+        self.shrinkage = shrinkage
+        self.seed = seed
+        self.priors = priors
+        self.dtype = dtype
+        self.max_bytes = max_bytes
