@@ -75,10 +75,10 @@ def check_rows(rank: int) -> dict:
 def train_nsp() -> dict:
     """Two NSP-SeqFT tasks on the tiny ViT, global batches of 5 (shares of 3 and 2 rows):
     the final weights, the accumulated moments after each task and the loss logs."""
-    from _assets import TINY_VIT, random_images
-
     from gdacil.adapt import build_strategy
     from gdacil.backbones import build_backbone
+
+    from _assets import TINY_VIT, random_images
 
     bb = build_backbone("vit", config=TINY_VIT)
     strategy = build_strategy("nsp_seqft",

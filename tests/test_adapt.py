@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _assets import TINY_VIT, needs_minilm, needs_module, needs_transformers, random_images
 
 from gdacil.adapt import (
     STRATEGIES,
@@ -23,6 +22,8 @@ from gdacil.adapt import (
 from gdacil.adapt.lora import ADAPTER
 from gdacil.backbones import RandomProjection, build_backbone
 from gdacil.io import load_tensors, save_tensors
+
+from _assets import TINY_VIT, needs_minilm, needs_module, needs_transformers, random_images
 
 # every test needs transformers and peft; the needs_* helpers are marks only when an asset is missing
 pytestmark = [m for m in (needs_transformers, needs_module("peft", "pip install peft"))

@@ -9,7 +9,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from _assets import needs_transformers, random_images
 
 from gdacil.adapt import (
     REFERENCE_OVERRIDES,
@@ -24,6 +23,8 @@ from gdacil.adapt import (
     strategy_config,
     symmetric_cross_entropy,
 )
+
+from _assets import needs_transformers, random_images
 
 # ---------------------------------------------------------------- configs
 

@@ -8,15 +8,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-from _assets import (
-    TINY_VIT,
-    needs_efficientnet,
-    needs_fashion_mnist,
-    needs_minilm,
-    needs_transformers,
-    needs_wordnet,
-    random_images,
-)
 
 from gdacil._optional import MissingDependencyError
 from gdacil.backbones import (
@@ -26,6 +17,16 @@ from gdacil.backbones import (
     build_backbone,
     find_blocks,
     to_rgb,
+)
+
+from _assets import (
+    TINY_VIT,
+    needs_efficientnet,
+    needs_fashion_mnist,
+    needs_minilm,
+    needs_transformers,
+    needs_wordnet,
+    random_images,
 )
 
 # ---------------------------------------------------------------- preprocessing (no models)

@@ -6,10 +6,11 @@ import json
 
 import pytest
 import torch
-from _assets import TINY_VIT, needs_minilm, needs_transformers, needs_wordnet, random_images
 
 from gdacil.backbones import build_backbone
 from gdacil.data import FeatureCache, extract_features
+
+from _assets import TINY_VIT, needs_minilm, needs_transformers, needs_wordnet, random_images
 
 
 class CountingLoader:

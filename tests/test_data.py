@@ -9,7 +9,6 @@ import warnings
 
 import numpy as np
 import pytest
-from _assets import needs_fashion_mnist, needs_openclipart, needs_wordnet
 
 from gdacil.data import (
     CIFAR100,
@@ -26,6 +25,8 @@ from gdacil.data import (
 )
 from gdacil.data.fashion_mnist import read_idx
 from gdacil.data.wordnet import read_wordnet
+
+from _assets import needs_fashion_mnist, needs_openclipart, needs_wordnet
 
 
 def _png(path, value=0, size=(6, 5)):

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _assets import TINY_VIT, needs_transformers
 from _distributed_worker import DIM, rank_rows, row_data, stats_data, train_nsp
 from PIL import Image
 
@@ -22,6 +21,8 @@ from gdacil import ClassGaussians, distributed
 from gdacil.adapt import null_space_split, soft_projector
 from gdacil.backbones import build_backbone
 from gdacil.io import load_tensors
+
+from _assets import TINY_VIT, needs_transformers
 
 WORKER = Path(__file__).with_name("_distributed_worker.py")
 
@@ -147,9 +148,17 @@ def test_data_parallel_nsp_training_matches_one_process(ranks):
     assert max(float((one[f"weights/{k}"] - initial[k]).abs().max()) for k in moved) > 1e-2
     for key, moment in one.items():  # the projector of task 1 is the one-process projector
         if key.startswith("moments0/"):
-            P1 = soft_projector(null_space_split(moment, 0.05)[0], 0.02)
-            P2 = soft_projector(null_space_split(trained[key], 0.05)[0], 0.02)
-            torch.testing.assert_close(P2, P1, rtol=0, atol=1e-6, msg=key)
+            V1, V2 = null_space_split(moment, 0.05)[0], null_space_split(trained[key], 0.05)[0]
+            assert V1.shape == V2.shape, key  # the same split of the spectrum
+            # Davis-Kahan: the null-space projectors differ by at most ||dM||_2 / gap, where gap
+            # separates the eigenvalues on the two sides of the split (float32 sums in another
+            # order move the moments by a few ulps; a small gap amplifies that)
+            evals = torch.linalg.eigvalsh(moment.double())
+            gap = float(evals[V1.shape[1]] - evals[V1.shape[1] - 1])
+            bound = float(torch.linalg.matrix_norm((moment - trained[key]).double(), 2)) / gap
+            assert bound < 1e-3, key  # the ranks' moments agree with one process's
+            P1, P2 = soft_projector(V1, 0.02), soft_projector(V2, 0.02)
+            torch.testing.assert_close(P2, P1, rtol=0, atol=2 * bound + 1e-12, msg=key)
 
 
 def retint_test_images(root: Path, seed: int = 1) -> None:
@@ -166,9 +175,10 @@ def test_torchrun_gdacil_run_matches_one_process(tmp_path):
     """seqft (global batches of 5) with identity, HopDC and SLDC tracks: the same predictions,
     accuracies, statistics (to round-off) and fine-tuned weights from 2 processes as from 1."""
     import yaml
-    from test_runner import TRACKS, TRAIN_TINY, color_folder, vit_config
 
     from gdacil.cil import run_experiment
+
+    from test_runner import TRACKS, TRAIN_TINY, color_folder, vit_config
 
     color_folder(tmp_path / "images")
     retint_test_images(tmp_path / "images")

@@ -17,8 +17,8 @@ from gdacil.drift import (
     NotFittedError,
     Oracle,
     WeakNonlinearSLDC,
-    drift_report,
     build_compensator,
+    drift_report,
 )
 from gdacil.drift.pseudo import resample_moments, standard_noise
 

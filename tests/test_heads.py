@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from _assets import needs_minilm, needs_wordnet
 from gdacil import ClassGaussians
 from gdacil.heads import HEADS, LDA, LRRGDA, NCM, QDA, RGDA, NotFittedError, SGDHead, build_head
 from gdacil.linalg import NumericalWarning, top_eigh
+
+from _assets import needs_minilm, needs_wordnet
 
 
 def make_stats(seed=0, d=10, n_classes=6, few_shot=(0,), ddof=0):
@@ -335,7 +336,7 @@ def test_randomized_decomposition_agrees_with_exact_on_low_rank_spectra():
 def test_randomized_decomposition_is_seeded_and_order_independent():
     stats = low_rank_stats(seed=3)
     X = queries(stats.dim)
-    kw = dict(rank=3, oversample=2, n_iter=1, decomposition="randomized")
+    kw = {"rank": 3, "oversample": 2, "n_iter": 1, "decomposition": "randomized"}
     a = LRRGDA(**kw).fit(stats).decision_function(X)
     b = LRRGDA(**kw).fit(stats).decision_function(X)
     assert torch.equal(a, b)
@@ -423,8 +424,8 @@ def sgd_problem():
 
 
 def test_sgd_head_is_reproducible_and_learns_the_bayes_rule():
-    stats, X, y = sgd_problem()
-    kw = dict(base_steps=600, steps_per_class=0, resample_every=200, patience=None)
+    stats, X, _ = sgd_problem()
+    kw = {"base_steps": 600, "steps_per_class": 0, "resample_every": 200, "patience": None}
     a, b = SGDHead(**kw).fit(stats), SGDHead(**kw).fit(stats)
     assert torch.equal(a.rows_, b.rows_) and torch.equal(a.bias_, b.bias_)
     assert a.n_steps_ == 600 and len(a.loss_curve_) == 3

@@ -10,7 +10,7 @@ from gdacil.linalg import (
     top_eigh,
 )
 
-f64 = dict(dtype=torch.float64)
+f64 = {"dtype": torch.float64}
 
 
 def gen(seed=0):

@@ -4,14 +4,15 @@ import json
 
 import pytest
 import torch
-from _assets import needs_transformers
-from test_runner import TRACKS, adapting_config, color_folder, vit_config
 
 from gdacil import ClassGaussians, ClassStatistics, LowRankGaussians
 from gdacil.cil import run_experiment
 from gdacil.drift import SDC, HopDC, LinearSLDC
 from gdacil.heads import LDA, LRRGDA, NCM, RGDA, SGDHead
 from gdacil.io import load_tensors
+
+from _assets import needs_transformers
+from test_runner import TRACKS, adapting_config, color_folder, vit_config
 
 
 def rel_err(a, b):

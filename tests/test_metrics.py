@@ -14,8 +14,8 @@ def hand_run():
     After task 3: task 1 2/4, task 2 2/2, task 3 0/2.
     """
     y1 = [0, 0, 1, 1]
-    y2 = y1 + [2, 2]
-    y3 = y2 + [3, 3]
+    y2 = [*y1, 2, 2]
+    y3 = [*y2, 3, 3]
     t1, t2, t3 = [0] * 4, [0] * 4 + [1] * 2, [0] * 4 + [1] * 2 + [2] * 2
     m = IncrementalMetrics(3)
     m.add(TaskEvaluation(y1, [0, 0, 1, 1], t1))

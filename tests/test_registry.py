@@ -1,11 +1,12 @@
 """One registry API for every kind of component; a registered class is usable everywhere."""
 
 import pytest
-from test_runner import vit_config
 
 from gdacil.drift import COMPENSATORS, SDC, build_compensator
 from gdacil.heads import ALL_HEADS, HEADS, NCM, STREAMING_HEADS, build_head, head_class
 from gdacil.registry import Registry, RegistryUnion, UnknownNameError
+
+from test_runner import vit_config
 
 
 class CosineNCM(NCM):

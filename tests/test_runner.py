@@ -6,10 +6,17 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from _assets import (TINY_VIT, needs_efficientnet, needs_fashion_mnist, needs_minilm,
-                     needs_transformers, needs_wordnet)
 from gdacil.cil import load_config, run_experiment
 from gdacil.cil.config import ExperimentConfig, config_from_dict
+
+from _assets import (
+    TINY_VIT,
+    needs_efficientnet,
+    needs_fashion_mnist,
+    needs_minilm,
+    needs_transformers,
+    needs_wordnet,
+)
 
 
 def color_folder(root, n_classes=4, n_train=6, n_test=3, size=32, seed=0):

@@ -5,13 +5,14 @@ import json
 import numpy as np
 import pytest
 import torch
-from _assets import needs_transformers
-from test_runner import TRAIN_TINY, adapting_config, color_folder, hand_metrics, vit_config
 
 from gdacil.cil import run_experiment
 from gdacil.cil.config import ConfigError
 from gdacil.cil.runner import _SeedRun, experiment_fingerprint, output_dir
 from gdacil.heads import ACIL, RBFLDA, RanPAC
+
+from _assets import needs_transformers
+from test_runner import TRAIN_TINY, adapting_config, color_folder, hand_metrics, vit_config
 
 # small maps keep the test fast; lam is fixed because "auto" picks it from each task's split
 STREAMING = {"ranpac": {"dim_out": 64, "lam": 1.0, "seed": 5},

@@ -11,17 +11,17 @@ import torch
 
 pytest.importorskip("sklearn")
 
-from sklearn.base import clone  # noqa: E402
-from sklearn.discriminant_analysis import (  # noqa: E402
+from sklearn.base import clone
+from sklearn.discriminant_analysis import (
     LinearDiscriminantAnalysis,
     QuadraticDiscriminantAnalysis,
 )
-from sklearn.exceptions import NotFittedError  # noqa: E402
-from sklearn.pipeline import make_pipeline  # noqa: E402
-from sklearn.preprocessing import StandardScaler  # noqa: E402
-from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
+from sklearn.exceptions import NotFittedError
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from gdacil.sklearn import (  # noqa: E402
+from gdacil.sklearn import (
     LDAClassifier,
     LRRGDAClassifier,
     NCMClassifier,
@@ -58,7 +58,7 @@ def blobs(labels, n_per_class=40, dim=6, seed=0):
     """Gaussian classes with distinct means and covariances, samples shuffled."""
     rng = np.random.default_rng(seed)
     X, y = [], []
-    for k, label in enumerate(labels):
+    for label in labels:
         A = np.eye(dim) + 0.3 * rng.normal(size=(dim, dim))
         X.append(rng.normal(size=(n_per_class, dim)) @ A + 2.5 * rng.normal(size=dim))
         y += [label] * n_per_class

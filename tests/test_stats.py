@@ -1,3 +1,4 @@
+import itertools
 import json
 
 import numpy as np
@@ -64,7 +65,7 @@ def test_merging_shards_in_any_order_equals_the_whole(cuts, order_seed, ddof):
     bounds = [0, *sorted(cuts), len(y)]
     shards = [
         ClassGaussians(X.shape[1], ddof=ddof).update(X[a:b], y[a:b])
-        for a, b in zip(bounds[:-1], bounds[1:])
+        for a, b in itertools.pairwise(bounds)
     ]
     order = np.random.default_rng(order_seed).permutation(len(shards))
     merged = ClassGaussians(X.shape[1], ddof=ddof)

@@ -18,7 +18,7 @@ def make_generator(seed, *, name: str = "seed") -> torch.Generator:
     if isinstance(seed, torch.Generator):
         return seed
     if isinstance(seed, bool) or not isinstance(seed, int):  # a bad hyperparameter: ValueError
-        raise ValueError(  # noqa: TRY004
+        raise ValueError(
             f"{name} must be an int or a torch.Generator (the global RNG is never used); "
             f"got {seed!r}"
         )

@@ -58,7 +58,7 @@ class FeatureMap:
         self.dim_in = check_positive_int(dim_in, "dim_in")
         self.dim_out = check_positive_int(dim_out, "dim_out")
         if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"seed must be an int; got {seed!r}")  # noqa: TRY004 (a bad setting)
+            raise ValueError(f"seed must be an int; got {seed!r}")
         self.seed = seed
         self._weights: dict[torch.dtype, tuple[torch.Tensor, ...]] = {}
         self._expected_sha256: str | None = None

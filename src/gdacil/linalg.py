@@ -11,14 +11,14 @@ import torch
 
 __all__ = [
     "NumericalWarning",
-    "symmetrize",
-    "psd_cholesky",
-    "logdet_from_cholesky",
-    "psd_factor",
-    "top_eigh",
-    "randomized_top_eigh",
-    "orthonormalize",
     "class_top_eigh",
+    "logdet_from_cholesky",
+    "orthonormalize",
+    "psd_cholesky",
+    "psd_factor",
+    "randomized_top_eigh",
+    "symmetrize",
+    "top_eigh",
 ]
 
 

@@ -145,7 +145,7 @@ class LowRankGaussians(ClassStatistics):
         self.oversample = check_positive_int(oversample, "oversample", minimum=0)
         self.n_iter = check_positive_int(n_iter, "n_iter", minimum=0)
         if isinstance(random_state, bool) or not isinstance(random_state, int):
-            raise ValueError(f"random_state must be an int seed; got {random_state!r}")  # noqa: TRY004
+            raise ValueError(f"random_state must be an int seed; got {random_state!r}")
         self.random_state = random_state
         f64 = {"dtype": torch.float64, "device": self.device}
         self._eigenvectors = torch.zeros(0, dim, self.rank, dtype=self.dtype, device=self.device)

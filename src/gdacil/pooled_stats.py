@@ -232,7 +232,7 @@ class PooledGaussians:
         means, scatter = tensors["means"].to(torch.float64), tensors["scatter"].to(torch.float64)
         C, M = means.shape if means.ndim == 2 else (-1, -1)
         if (labels.ndim != 1 or labels.dtype != torch.int64 or counts.shape != (labels.numel(),)
-                or C != labels.numel() or scatter.shape != (M, M)):
+                or labels.numel() != C or scatter.shape != (M, M)):
             raise ValueError(f"{source}: inconsistent shapes: labels {tuple(labels.shape)}, counts "
                              f"{tuple(counts.shape)}, means {tuple(means.shape)}, scatter "
                              f"{tuple(scatter.shape)}")

@@ -71,7 +71,7 @@ class SerialConfig:
             return data
         label = where or cls.__name__
         if not isinstance(data, Mapping):
-            raise ValueError(  # noqa: TRY004 - a bad config is a ValueError throughout
+            raise ValueError(
                 f"{label}: expected a mapping; got {type(data).__name__}")
         known = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(data) - set(known))

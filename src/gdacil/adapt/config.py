@@ -152,7 +152,7 @@ class StrategyConfig(SerialConfig):
         check_choice(self.params, "params", PARAMS)
         check_range(self.kd_weight, "kd_weight")
         if not isinstance(self.first_task_only, bool):
-            raise ValueError(  # noqa: TRY004 - a bad config is a ValueError throughout
+            raise ValueError(
                 f"first_task_only must be true or false; got {self.first_task_only!r}")
         if self.lora is None or self.train is None:
             raise ValueError("lora and train must be configs or mappings, not None")

@@ -12,7 +12,7 @@ import torch
 
 from ..io import atomic_write_text
 
-__all__ = ["best_time", "gemm_rate", "machine_info", "markdown_table", "save_figure", "write_json"]
+__all__ = ["best_time", "gemm_rate", "machine_info", "markdown_table", "write_json"]
 
 
 def best_time(fn, *, repeats: int = 3, warmup: int = 1) -> float:
@@ -50,7 +50,7 @@ def gemm_rate(dtype: torch.dtype = torch.float32, *, shapes=((2048, 2048, 2048),
     for m, k, n in shapes:
         a = torch.randn(m, k, generator=g).to(dtype)
         b = torch.randn(k, n, generator=g).to(dtype)
-        t = best_time(lambda: a @ b, repeats=repeats)
+        t = best_time(lambda a=a, b=b: a @ b, repeats=repeats)
         rate = 2.0 * m * k * n / t
         per_shape[f"{m}x{k}x{n}"] = rate
         best = max(best, rate)

@@ -101,7 +101,7 @@ def split(labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarr
     train, test = [], []
     for c in np.unique(labels):
         members = rng.permutation(np.flatnonzero(labels == c))
-        n_test = max(1, int(round(test_fraction * len(members))))
+        n_test = max(1, round(test_fraction * len(members)))
         test.extend(members[:n_test])
         train.extend(members[n_test:])
     return np.sort(np.asarray(train)), np.sort(np.asarray(test))

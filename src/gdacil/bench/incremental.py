@@ -17,6 +17,7 @@ every few milliseconds on Linux).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import json
@@ -61,10 +62,8 @@ def task_classes(classes: np.ndarray, n_tasks: int, seed: int) -> list[np.ndarra
 def _release_freed_memory() -> None:
     """Return freed heap pages to the system (glibc), so resident memory measures live data."""
     gc.collect()
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: may under-report, never over
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: measurements may under-report, never over
-        pass
 
 
 def _rss_bytes() -> int:
@@ -84,7 +83,7 @@ class PeakRSS:
         self.interval = interval
         self.peak_bytes = 0
 
-    def __enter__(self) -> PeakRSS:  # noqa: PYI034
+    def __enter__(self) -> PeakRSS:
         _release_freed_memory()
         self._sampled = os.path.exists("/proc/self/statm")
         self._start = _rss_bytes() if self._sampled else self._lifetime_peak()

@@ -101,7 +101,7 @@ def bench_classes(C: int, cfg: HeadsBenchConfig, log) -> tuple[list[dict], dict]
     queries32 = queries.float()
     rows = []
     for name, make in _our_heads(cfg).items():
-        head, build = _time_fit(lambda: make().fit(stats))
+        head, build = _time_fit(lambda make=make: make().fit(stats))
         tput = _throughput(head.decision_function, queries32)
         row = {"classes": C, "head": name, "build_s": build, "throughput": tput,
                "head_bytes": head.memory_report()["total"], "stats_bytes": stats.nbytes}

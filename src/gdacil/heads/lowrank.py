@@ -268,7 +268,7 @@ class LRRGDA(GaussianHead):
                         "base_whitener_": L_B_inv, "center_": mu.mean(0)}
         return rows, bias, 1.0
 
-    def fit(self, stats: ClassGaussians) -> "LRRGDA":
+    def fit(self, stats: ClassGaussians) -> LRRGDA:
         self.__dict__.pop("_screen_cache", None)
         super().fit(stats)
         for name, value in self._fitted_bounds.items():
@@ -507,7 +507,7 @@ class LRRGDA(GaussianHead):
         ends = torch.cumsum(counts, 0)
         rank = torch.arange(P, device=cls.device) - (ends - counts)[local]   # place in its class
         rows, bias = self.rows_[:, 1 + start:1 + stop], self.bias_[:, 1 + start:1 + stop]
-        present_l, counts_l, ends_l = present.tolist(), counts.tolist(), [0] + ends.tolist()
+        present_l, counts_l, ends_l = present.tolist(), counts.tolist(), [0, *ends.tolist()]
         for g0 in range(0, len(present_l), _RESCORE_CLASSES):
             g1 = min(len(present_l), g0 + _RESCORE_CLASSES)
             c0, c1, p0, p1 = present_l[g0], present_l[g1 - 1] + 1, ends_l[g0], ends_l[g1]

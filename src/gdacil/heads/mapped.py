@@ -36,7 +36,7 @@ def dtype_from_name(name: str) -> torch.dtype:
     """``torch.float32`` from ``"torch.float32"`` (how dtypes are written in saved metadata)."""
     dtype = getattr(torch, str(name).removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {name!r}")  # noqa: TRY004 (a bad setting)
+        raise ValueError(f"unknown dtype {name!r}")
     return dtype
 
 

@@ -8,7 +8,7 @@ from .._validation import check_nonnegative
 from ..linalg import logdet_from_cholesky, psd_cholesky
 from .base import GaussianHead, stack_rows
 
-__all__ = ["RGDA", "QDA", "regularized_covariances", "identity_scale", "IDENTITY_SCALES"]
+__all__ = ["IDENTITY_SCALES", "QDA", "RGDA", "identity_scale", "regularized_covariances"]
 
 PAPER_ALPHAS = (0.2, 2.0, 0.5)
 

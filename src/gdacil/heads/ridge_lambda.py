@@ -60,7 +60,7 @@ def holdout_mse(H_train, Y_train, H_val, Y_val, lams) -> torch.Tensor:
     H_train, H_val = H_train.to(torch.float64), H_val.to(torch.float64)
     Y_train, Y_val = Y_train.to(torch.float64), Y_val.to(torch.float64)
     n_train, M = H_train.shape
-    if M <= n_train:
+    if n_train >= M:
         s, V = torch.linalg.eigh(H_train.T @ H_train)
         A, B = H_val @ V, V.T @ (H_train.T @ Y_train)
     else:
