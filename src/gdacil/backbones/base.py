@@ -62,6 +62,17 @@ def make_final_layernorm_nonaffine(model: nn.Module, path: str) -> None:
     setattr(parent, attr, new)
 
 
+def _state_version(state: list[tuple[str, torch.Tensor]]) -> list[tuple]:
+    """What identifies the current values of a state dict without reading them: each tensor
+    with its storage address, version counter, shape, dtype and device."""
+    return [(name, t, t.data_ptr(), t._version, tuple(t.shape), t.dtype, t.device)
+            for name, t in state]
+
+
+def _same_version(a: list[tuple], b: list[tuple]) -> bool:
+    return len(a) == len(b) and all(x[0] == y[0] and x[2:] == y[2:] for x, y in zip(a, b))
+
+
 class Backbone(abc.ABC):
     """A feature extractor with its own preprocessing.
 
@@ -153,8 +164,27 @@ class Backbone(abc.ABC):
 
     def weights_fingerprint(self) -> str:
         """sha256 of every tensor in ``model.state_dict()`` (sorted by name): changes with any
-        weight, buffer or adapter registered in the model."""
-        return sha256_tensors(sorted(self.model.state_dict().items()))
+        weight, buffer or adapter registered in the model.
+
+        The hash is computed once per state of the weights: it is reused while every tensor is
+        the same object (same storage) at the same version counter, which torch advances at
+        every in-place write (optimizer steps, ``load_state_dict``, ``copy_``). Replacing,
+        adding or removing a tensor, or writing into one, hashes again. Writes that bypass
+        torch (into a ``tensor.numpy()`` view) are not seen: call :meth:`forget_fingerprint`
+        after them.
+        """
+        state = sorted(self.model.state_dict().items())
+        version = _state_version(state)
+        cached = self.__dict__.get("_weights_fingerprint")
+        if cached is None or not _same_version(cached[0], version):
+            # the tensors stay referenced with the hash, so their storage cannot be freed and
+            # reused by a new tensor at the same address
+            self._weights_fingerprint = (version, sha256_tensors(state))
+        return self._weights_fingerprint[1]
+
+    def forget_fingerprint(self) -> None:
+        """Drop the cached weights hash (after writing into weights outside torch)."""
+        self.__dict__.pop("_weights_fingerprint", None)
 
     def fingerprint(self) -> str:
         """Stable hash of the weights and of :meth:`extraction_config`: equal fingerprints give
