@@ -392,3 +392,23 @@ def test_image_augmentation_trains():
     before = bb.fingerprint()
     assert s.adapt_task(bb, 0, IMAGES, LABELS, generator=0)["steps"] == 4
     assert bb.fingerprint() != before
+
+
+# ---------------------------------------------------------------- precision
+def test_bf16_training_stays_close_to_fp32_and_fp16_training_is_refused():
+    runs = {}
+    for precision in ("fp32", "bf16"):
+        bb = tiny_vit().set_precision(precision)
+        strategy = build_strategy("seqkd", train={**FAST, "lr": 0.05})
+        strategy.adapt_task(bb, 0, IMAGES, LABELS, generator=0)
+        log = strategy.adapt_task(bb, 1, IMAGES, LABELS, generator=1)  # with distillation
+        assert log["steps"] == 4 and all(np.isfinite(log["loss"]))
+        runs[precision] = (weights(bb), log["loss"])
+    (w32, loss32), (w16, loss16) = runs["fp32"], runs["bf16"]
+    assert any(not torch.equal(w32[k], w16[k]) for k in w32)  # bf16 really ran
+    np.testing.assert_allclose(loss16, loss32, rtol=0.05)
+    for k in w32:  # the same update, up to bf16 rounding of the forward passes
+        assert (w16[k] - w32[k]).abs().max() <= 0.05 * w32[k].abs().max() + 1e-3, k
+    bb = tiny_vit().set_precision("fp16")
+    with pytest.raises(ValueError, match="fp16 needs loss scaling"):
+        build_strategy("seqft", train=FAST).adapt_task(bb, 0, IMAGES, LABELS, generator=0)

@@ -7,7 +7,7 @@ import torch
 import gdacil.backbones.base as base
 from gdacil.backbones import build_backbone
 
-from _assets import TINY_VIT, needs_transformers
+from _assets import TINY_VIT, needs_transformers, random_images
 
 
 @pytest.fixture
@@ -61,3 +61,24 @@ def test_writes_outside_torch_need_forget_fingerprint(counted):
     assert bb.fingerprint() == first  # documented: not seen
     bb.forget_fingerprint()
     assert bb.fingerprint() != first and len(counted) == 2
+
+
+
+@needs_transformers
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_features_are_close_and_cached_apart(precision):
+    bb = build_backbone("vit", config=TINY_VIT)
+    images = random_images(6)
+    exact = bb.extract(images, batch_size=4)
+    fp32_key = bb.fingerprint()
+    assert bb.set_precision(precision) is bb
+    mixed = bb.extract(images, batch_size=4)
+    assert mixed.dtype == torch.float32 and mixed.shape == exact.shape
+    assert not torch.equal(mixed, exact)  # autocast really ran in lower precision
+    cosine = torch.nn.functional.cosine_similarity(mixed, exact, dim=1)
+    assert cosine.min() > 0.99
+    assert bb.fingerprint() != fp32_key  # a cache never serves one precision's features for another
+    assert bb.set_precision("fp32").fingerprint() == fp32_key
+    assert torch.equal(bb.extract(images, batch_size=4), exact)
+    with pytest.raises(ValueError, match="unknown precision 'fp8'; known: fp32, bf16, fp16"):
+        bb.set_precision("fp8")

@@ -206,6 +206,9 @@ class Strategy:
             raise ValueError("train_task needs at least one training sample")
         gen = make_generator(generator, name="generator")
         bb = trained_backbone(backbone)
+        if bb.precision == "fp16":
+            raise ValueError("Stage-1 training in fp16 needs loss scaling, which gdacil does not "
+                             "do: train in bf16 or fp32 (backbone precision), extract in any")
         classes, targets = torch.unique(y, return_inverse=True)
         params = dict(bb.model.named_parameters())
         trained = [params[name] for name in state.trained]
@@ -252,9 +255,14 @@ class Strategy:
         """The loss of a batch (mean over its samples) and its detached terms
         ``(total, task, kd)``."""
         cfg, tc, teacher = self.config, self.config.train, self._task.teacher
-        teacher_features = teacher.features(bb, inputs) if teacher else None
-        features = bb.forward(inputs)
-        task_loss = task_loss_fn(features @ head.T, targets.to(bb.device),
+        with bb.autocast():  # mixed precision for the forward passes; losses in float32
+            teacher_features = teacher.features(bb, inputs) if teacher else None
+            features = bb.forward(inputs)
+            logits = features @ head.T
+        features = features.float()
+        if teacher_features is not None:
+            teacher_features = teacher_features.float()
+        task_loss = task_loss_fn(logits.float(), targets.to(bb.device),
                                  lambda1=tc.sce_lambda1, lambda2=tc.sce_lambda2)
         kd = (feature_distillation(features, teacher_features) if teacher_features is not None
               else torch.zeros((), device=bb.device))

@@ -14,6 +14,7 @@ from .preprocess import ImagePreprocess
 
 __all__ = [
     "FINAL_NORMS",
+    "PRECISIONS",
     "Backbone",
     "ImageBackbone",
     "check_final_norm",
@@ -62,6 +63,10 @@ def make_final_layernorm_nonaffine(model: nn.Module, path: str) -> None:
     setattr(parent, attr, new)
 
 
+#: Forward-pass precisions: the autocast dtype of each (None: plain float32)
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def _state_version(state: list[tuple[str, torch.Tensor]]) -> list[tuple]:
     """What identifies the current values of a state dict without reading them: each tensor
     with its storage address, version counter, shape, dtype and device."""
@@ -101,8 +106,29 @@ class Backbone(abc.ABC):
         self.dim = int(dim)
         self.name = name
 
+    #: Arithmetic of the forward passes: "fp32", or "bf16"/"fp16" under ``torch.autocast``
+    #: (features come back as float32 either way; see :meth:`set_precision`)
+    precision: str = "fp32"
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, dim={self.dim}, device={self.device})"
+
+    def set_precision(self, precision: str) -> Backbone:
+        """Run forward passes (extraction and Stage-1 training) in ``precision``: "fp32", "bf16"
+        or "fp16" (mixed precision under ``torch.autocast``; weights stay float32, features come
+        back as float32 and statistics are accumulated in float64). Part of :meth:`fingerprint`,
+        so features cached at one precision are never served for another. Returns ``self``."""
+        if precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
+        self.precision = precision
+        return self
+
+    def autocast(self):
+        """The ``torch.autocast`` context of :attr:`precision` on this backbone's device (it does
+        nothing for "fp32")."""
+        dtype = PRECISIONS[self.precision]
+        return torch.autocast(self.device.type, dtype=dtype or torch.bfloat16,
+                              enabled=dtype is not None)
 
     @abc.abstractmethod
     def preprocess(self, raw: Sequence) -> dict[str, torch.Tensor]:
@@ -137,7 +163,7 @@ class Backbone(abc.ABC):
         self.model.eval()
         out = []
         try:
-            with torch.no_grad():
+            with torch.no_grad(), self.autocast():
                 for start in range(0, n, max(step, 1)):
                     if order is None:
                         batch = raw[start : start + step]
@@ -189,9 +215,10 @@ class Backbone(abc.ABC):
     def fingerprint(self) -> str:
         """Stable hash of the weights and of :meth:`extraction_config`: equal fingerprints give
         equal features (up to device round-off). Used as the feature-cache key."""
-        return sha256_json(
-            {"extraction": self.extraction_config(), "weights": self.weights_fingerprint()}
-        )
+        key = {"extraction": self.extraction_config(), "weights": self.weights_fingerprint()}
+        if self.precision != "fp32":  # fp32 keys stay those of the caches written before
+            key["precision"] = self.precision
+        return sha256_json(key)
 
     def blocks(self) -> list[BlockLinears]:
         """The linear layers of each transformer block (see :func:`find_blocks`)."""

@@ -36,6 +36,7 @@ class RandomProjection(Backbone):
         self.seed = int(seed)
         gen = torch.Generator().manual_seed(self.seed)
         self.weight = torch.randn(base.dim, dim, generator=gen)
+        self._weight_sha256 = sha256_tensors([("weight", self.weight)])  # fixed: hashed once
         self.modality = base.modality
         super().__init__(base.model, dim, name="random-projection", device=base.device)
         self.weight = self.weight.to(self.device)
@@ -44,6 +45,10 @@ class RandomProjection(Backbone):
         self.base.to(device)
         self.weight = self.weight.to(device)
         return super().to(device)
+
+    def set_precision(self, precision: str) -> RandomProjection:
+        self.base.set_precision(precision)  # strategies train the base
+        return super().set_precision(precision)
 
     def preprocess(self, raw):
         return self.base.preprocess(raw)
@@ -60,7 +65,7 @@ class RandomProjection(Backbone):
             "class": type(self).__name__,
             "base": self.base.extraction_config(),
             "seed": self.seed,
-            "weight_sha256": sha256_tensors([("weight", self.weight)]),
+            "weight_sha256": self._weight_sha256,
         }
 
     def config(self) -> dict:
