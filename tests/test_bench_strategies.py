@@ -1,6 +1,7 @@
 """The strategies benchmark: its runs are valid experiments, and its summary reads their results."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -49,7 +50,7 @@ def test_every_planned_run_is_a_valid_experiment(tmp_path):
 
 
 def test_track_anchor_counts_are_validated():
-    run = bench.plan_runs(bench.StrategiesBenchConfig(), bench.Path("/tmp/x"))[0]
+    run = bench.plan_runs(bench.StrategiesBenchConfig(), Path("/tmp/x"))[0]
     with pytest.raises(ValueError, match="anchors must be an integer from 0 to anchors.n"):
         load_config(resolve_config(bench.BASE_CONFIG), [
             *run.overrides, "anchors.n=10", "compensators={h: {name: hopdc, anchors: 11}}"])
@@ -135,5 +136,5 @@ def test_single_seed_drops_every_extra_seed(monkeypatch):
     bench.main(["--single-seed", "--summarize-only", "--strategies", "seqft"])
     cfg = seen["cfg"]
     assert cfg.extra_seeds == {} and cfg.moment_seeds == (1993,) and seen["summarize_only"]
-    names = [r.name for r in bench.plan_runs(cfg, bench.Path("/tmp/x"))]
+    names = [r.name for r in bench.plan_runs(cfg, Path("/tmp/x"))]
     assert names == ["seqft-seed1993", "hopdc-moments-seed1993", "hopdc-sensitivity"]

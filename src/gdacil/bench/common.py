@@ -12,7 +12,8 @@ import torch
 
 from ..io import atomic_write_text
 
-__all__ = ["best_time", "gemm_rate", "machine_info", "markdown_table", "write_json"]
+__all__ = ["best_time", "gemm_rate", "machine_info", "markdown_table", "output_arguments",
+           "refuse_to_overwrite", "write_json"]
 
 
 def best_time(fn, *, repeats: int = 3, warmup: int = 1) -> float:
@@ -65,3 +66,26 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+#: Where a benchmark writes unless ``--out`` says otherwise: outside the committed ``benchmarks/``
+DEFAULT_OUT = Path("runs") / "bench"
+
+
+def output_arguments(parser, name: str, files: str) -> None:
+    """Add ``--out`` (default ``runs/bench/<name>/``) and ``--overwrite`` to a benchmark's parser."""
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT / name,
+                        help=f"directory for {files} (default runs/bench/{name}/; the project's "
+                             "committed results are regenerated with --out benchmarks --overwrite)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace results already in --out")
+
+
+def refuse_to_overwrite(parser, args, *files: str) -> None:
+    """Stop (before any work) if one of ``files`` exists in ``args.out`` and ``--overwrite`` is
+    not given."""
+    for name in files:
+        if (args.out / name).exists() and not args.overwrite:
+            parser.error(f"{args.out / name} exists; pass --overwrite to replace it, or another "
+                         "--out")
+

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import torch
 
 from ..linalg import class_top_eigh, top_eigh
-from .common import machine_info, markdown_table, write_json
+from .common import machine_info, markdown_table, output_arguments, refuse_to_overwrite, write_json
 
 __all__ = ["main", "render", "run", "spectra"]
 
@@ -108,17 +107,16 @@ def main(argv=None) -> int:
     parser.add_argument("--classes", type=int, default=32)
     parser.add_argument("--rank", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=None,
-                        help="write decomposition.json and decomposition.md here")
+    output_arguments(parser, "decomposition", "decomposition.json and decomposition.md")
     args = parser.parse_args(argv)
+    refuse_to_overwrite(parser, args, "decomposition.json", "decomposition.md")
     torch.set_num_threads(args.threads)
     payload = run(args.dims, n_classes=args.classes, rank=args.rank)
     text = render(payload)
-    if args.out:
-        from ..io import atomic_write_text
+    from ..io import atomic_write_text
 
-        write_json(args.out / "decomposition.json", payload)
-        atomic_write_text(args.out / "decomposition.md", text)
+    write_json(args.out / "decomposition.json", payload)
+    atomic_write_text(args.out / "decomposition.md", text)
     print(text)
     return 0
 

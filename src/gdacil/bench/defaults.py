@@ -8,20 +8,20 @@ is rebuilt and scored on the test samples of all classes seen so far. The backbo
 this measures the heads alone. Last-Acc is the accuracy after the final task, Inc-Acc the mean
 over tasks. The paper's absolute regularisation runs beside gdacil's defaults (``*_paper``).
 
-Regenerate: ``python -m gdacil bench defaults --out benchmarks`` (writes ``defaults.json`` and
-``defaults.md``, and one file per measured cell under ``incremental_runs/``, shared with ``gdacil
-bench heads``, from which an interrupted run continues; committed results are overwritten only
-with ``--overwrite``).
+Regenerate: ``python -m gdacil bench defaults --out benchmarks --overwrite`` (writes
+``defaults.json`` and ``defaults.md``, and one file per measured cell under ``incremental_runs/``,
+shared with ``gdacil bench heads``, from which an interrupted run continues). Without ``--out``
+the results go to ``runs/bench/defaults/``; existing results are replaced only with
+``--overwrite``.
 """
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
-from .common import machine_info, markdown_table, write_json
+from .common import machine_info, markdown_table, output_arguments, refuse_to_overwrite, write_json
 from .featuresets import FEATURE_SETS, SCALINGS
 from .incremental import RUNS_DIR, TASKS, HeadEntry, run_cells
 
@@ -72,19 +72,15 @@ def main(argv=None) -> int:
     parser.add_argument("--scalings", nargs="+", default=list(SCALINGS), choices=SCALINGS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--heads", nargs="+", default=list(HEAD_FACTORIES), choices=HEAD_FACTORIES)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks"),
-                        help="directory for defaults.json and defaults.md (default benchmarks/)")
+    output_arguments(parser, "defaults",
+                     "defaults.{json,md} and incremental_runs/ (measured cells, kept and reused)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (default 1: timings stay meaningful on a shared "
                              "machine, where oversubscribed threads slow LAPACK down many times)")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace results already in --out (measured cells are kept in "
-                             "--out/incremental_runs/ and reused unless you delete them)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    refuse_to_overwrite(parser, args, "defaults.json")
     target = args.out / "defaults.json"
-    if target.exists() and not args.overwrite:
-        parser.error(f"{target} exists; pass --overwrite to replace it, or another --out")
     payload = run(args.features, args.scalings, args.seeds, args.heads,
                   runs_dir=args.out / RUNS_DIR, log=lambda line: print(line, flush=True))
     write_json(target, payload)

@@ -35,14 +35,13 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import torch
 
 from ..drift import build_compensator
 from ..drift.synthetic import sphere_drift_problem
 from ..io import atomic_write_text
-from .common import machine_info, markdown_table, write_json
+from .common import machine_info, markdown_table, output_arguments, refuse_to_overwrite, write_json
 
 __all__ = ["QUICK", "DriftBenchConfig", "main", "measure_cell", "render", "run"]
 
@@ -259,8 +258,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="gdacil bench drift", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny grid (seconds), for smoke tests")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks"),
-                        help="directory for drift.json and drift.md (default benchmarks/)")
+    output_arguments(parser, "drift", "drift.json and drift.md")
     parser.add_argument("--classes", type=int, nargs="+", help="class counts C (100 300 1000)")
     parser.add_argument("--anchors", type=int, nargs="+", help="anchor counts N (256 1024 4096)")
     parser.add_argument("--dim", type=int, help="feature dimension d (768)")
@@ -280,6 +278,7 @@ def main(argv=None) -> int:
     if args.worker:
         print(json.dumps(measure_cell(json.loads(args.worker))))
         return 0
+    refuse_to_overwrite(parser, args, "drift.json", "drift.md")
     cfg = QUICK if args.quick else DriftBenchConfig()
     cfg = DriftBenchConfig(**asdict(cfg))
     for key in ("classes", "anchors", "compensators"):

@@ -9,10 +9,11 @@ projection to M = 10000, ridge with the penalty chosen per task; ``ranpac_ridge`
 FeCAM (its ViT scripts' setting, ``fecam``, and its ImageNet-R script's, ``fecam_imagenet_r``),
 ACIL (8192-wide random buffer, gamma = 0.1) and RBF-LDA (5000 random Fourier features, OAS).
 
-Regenerate: ``python -m gdacil bench heads --out benchmarks`` (writes ``anchors.json``,
+Regenerate: ``python -m gdacil bench heads --out benchmarks --overwrite`` (writes ``anchors.json``,
 ``anchors.md``, ``anchors.png``, and one file per measured cell under ``incremental_runs/``,
-shared with ``gdacil bench defaults``, from which an interrupted run continues; committed results
-are overwritten only with ``--overwrite``).
+shared with ``gdacil bench defaults``, from which an interrupted run continues). Without
+``--out`` the results go to ``runs/bench/heads/``; existing results are replaced only with
+``--overwrite``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 
 from .._plotting import save_figure, subplots
-from .common import machine_info, markdown_table, write_json
+from .common import machine_info, markdown_table, output_arguments, refuse_to_overwrite, write_json
 from .featuresets import FEATURE_SETS, SCALINGS
 from .incremental import RUNS_DIR, TASKS, HeadEntry, run_cells
 
@@ -125,20 +126,15 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     names = list(head_entries())
     parser.add_argument("--heads", nargs="+", default=names, choices=names)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks"),
-                        help="directory for anchors.{json,md,png} and incremental_runs/ "
-                             "(default benchmarks/)")
+    output_arguments(parser, "heads",
+                     "anchors.{json,md,png} and incremental_runs/ (measured cells, kept and reused)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (default 1: timings stay meaningful on a shared "
                              "machine, where oversubscribed threads slow LAPACK down many times)")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace results already in --out (measured cells are kept in "
-                             "--out/incremental_runs/ and reused unless you delete them)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    refuse_to_overwrite(parser, args, "anchors.json")
     target = args.out / "anchors.json"
-    if target.exists() and not args.overwrite:
-        parser.error(f"{target} exists; pass --overwrite to replace it, or another --out")
     payload = run(args.features, args.scalings, args.seeds, args.heads,
                   runs_dir=args.out / RUNS_DIR, log=lambda line: print(line, flush=True))
     write_json(target, payload)

@@ -42,7 +42,14 @@ import torch
 
 from .._plotting import save_figure, subplots
 from ..io import atomic_write_text
-from .common import best_time, machine_info, markdown_table, write_json
+from .common import (
+    best_time,
+    machine_info,
+    markdown_table,
+    output_arguments,
+    refuse_to_overwrite,
+    write_json,
+)
 
 __all__ = ["QUICK", "ScaleBenchConfig", "SyntheticClasses", "main", "measure", "run"]
 
@@ -307,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--classes", type=int, nargs="+", help="class counts (default 1000 ... 20000)")
     p.add_argument("--quick", action="store_true", help="tiny grid (seconds), for smoke tests")
     p.add_argument("--inline", action="store_true", help="measure in this process")
-    p.add_argument("--out", default="benchmarks", help="directory for scale.{json,md,png}")
+    output_arguments(p, "scale", "scale.json, scale.md and scale.png")
     p.add_argument("--cell", type=int, help=argparse.SUPPRESS)
     p.add_argument("--config", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -316,11 +323,12 @@ def main(argv: list[str] | None = None) -> int:
                                   for k, v in json.loads(args.config).items()})
         print(json.dumps(measure(args.cell, cfg)))
         return 0
+    refuse_to_overwrite(p, args, "scale.json", "scale.md", "scale.png")
     cfg = QUICK if args.quick else ScaleBenchConfig()
     if args.classes:
         cfg = ScaleBenchConfig(**{**asdict(cfg), "classes": tuple(args.classes)})
     payload = run(cfg, inline=args.inline)
-    out = Path(args.out)
+    out = args.out
     out.mkdir(parents=True, exist_ok=True)
     command = "python -m gdacil bench scale " + " ".join(argv if argv is not None else sys.argv[1:])
     payload["command"] = command.strip()

@@ -21,7 +21,15 @@ import torch
 from .._plotting import save_figure, subplots
 from ..heads import LDA, LRRGDA, NCM, RGDA, SGDHead
 from ..stats import ClassGaussians
-from .common import best_time, gemm_rate, machine_info, markdown_table, write_json
+from .common import (
+    best_time,
+    gemm_rate,
+    machine_info,
+    markdown_table,
+    output_arguments,
+    refuse_to_overwrite,
+    write_json,
+)
 
 __all__ = ["HeadsBenchConfig", "main", "run"]
 
@@ -242,9 +250,9 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny grid (seconds), for smoke tests")
     parser.add_argument("--classes", type=int, nargs="+", help="class counts C (default 100 300 1000)")
     parser.add_argument("--no-sklearn", action="store_true", help="skip scikit-learn's QDA")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks"),
-                        help="directory for speed.json, speed.md and speed.png (default benchmarks/)")
+    output_arguments(parser, "speed", "speed.json, speed.md and speed.png")
     args = parser.parse_args(argv)
+    refuse_to_overwrite(parser, args, "speed.json", "speed.md", "speed.png")
     cfg = QUICK if args.quick else HeadsBenchConfig()
     if args.classes:
         cfg.classes = tuple(args.classes)

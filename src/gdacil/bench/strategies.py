@@ -35,7 +35,7 @@ from pathlib import Path
 from .._plotting import save_figure, subplots
 from ..cil.metrics import summarize_seeds
 from ..io import atomic_write_text
-from .common import machine_info, markdown_table, write_json
+from .common import machine_info, markdown_table, output_arguments, refuse_to_overwrite, write_json
 
 __all__ = ["Run", "StrategiesBenchConfig", "main", "plan_runs"]
 
@@ -307,7 +307,7 @@ def render(summary: dict) -> str:
         "(`defaults: paper`); gdacil's recommended HopDC is `hopdc_matched` below, its "
         "recommended alpha1-SLDC (a ridge toward the identity) is measured on RandProj in "
         "`randproj_recommended.md`.", "",
-        "Regenerate: `python -m gdacil bench strategies --out benchmarks/strategies`.", ""]
+        "Regenerate: `python -m gdacil bench strategies --out benchmarks/strategies --overwrite`.", ""]
     for metric, title in (("last_acc", "Last-Acc"), ("inc_acc", "Inc-Acc")):
         header = ["strategy", "seeds"] + [f"{t}/{h}" for t in TRACKS for h in HEADS]
         rows = [[name, len(s["seeds"])] + [_pct(s["cells"][f"{t}/{h}"][metric])
@@ -404,7 +404,7 @@ def plot(summary: dict, out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="gdacil bench strategies", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="benchmarks/strategies", help="output directory")
+    output_arguments(p, "strategies", "strategies.{json,md,png} and the runs (resumed if there)")
     p.add_argument("--strategies", nargs="+", default=list(ALL_STRATEGIES),
                    choices=ALL_STRATEGIES)
     p.add_argument("--steps", type=int, default=30, help="training steps per task (default 30)")
@@ -422,5 +422,7 @@ def main(argv: list[str] | None = None) -> int:
                                 sensitivity=not args.no_sensitivity, cache_dir=args.cache_dir)
     if args.single_seed:
         cfg.extra_seeds, cfg.moment_seeds = {}, cfg.moment_seeds[:1]
-    run(cfg, Path(args.out), summarize_only=args.summarize_only)
+    if not args.summarize_only:
+        refuse_to_overwrite(p, args, "strategies.json")
+    run(cfg, args.out, summarize_only=args.summarize_only)
     return 0
