@@ -30,4 +30,4 @@ def test_the_default_output_is_outside_the_committed_results(name, capsys):
         bench.main(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert f"default runs/bench/{name}/" in help_text
-    assert DEFAULT_OUT == Path("runs") / "bench"
+    assert Path("runs") / "bench" == DEFAULT_OUT
