@@ -18,6 +18,7 @@ __all__ = [
     "HeadConfig",
     "StatisticsConfig",
     "apply_overrides",
+    "check_output_name",
     "config_from_dict",
     "load_config",
 ]
@@ -25,6 +26,25 @@ __all__ = [
 
 class ConfigError(ValueError):
     """A configuration file or override is invalid; the message names the key and the fix."""
+
+
+def check_output_name(name) -> str:
+    """``name`` if it can name a run's folder under ``runs/``: one non-empty path component, so
+    the default output directory ``runs/<name>`` never leaves ``runs/``. Raises
+    :class:`ConfigError` otherwise (``../x``, ``/tmp/x``, ``a/b``, ``..``, control characters)."""
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"name: expected a non-empty string, got {name!r}")
+    seps = {"/", "\\", os.sep, os.altsep} - {None}
+    problem = ("is a relative path component" if name in (".", "..")
+               else "is an absolute path" if Path(name).anchor
+               else "contains a path separator" if any(sep in name for sep in seps)
+               else "contains a control character" if any(ord(ch) < 32 for ch in name)
+               else None)
+    if problem:
+        raise ConfigError(f"name: {name!r} {problem}; the name becomes the folder runs/<name>, so "
+                          "use a plain name (letters, digits, - _ .), and output_dir to write "
+                          "somewhere else")
+    return name
 
 
 @dataclass
@@ -149,6 +169,7 @@ class ExperimentConfig:
         return asdict(self)
 
     def __post_init__(self):
+        check_output_name(self.name)
         if not self.seeds:
             raise ConfigError("seeds: give at least one seed")
         if self.ddof not in (0, 1):

@@ -36,9 +36,10 @@ import torch
 
 from .. import distributed
 from ..hashing import sha256_json
+from ..io import remove_stale_temp_files
 from ..stats import ClassGaussians
 from .checkpoint import SeedState, load_checkpoint, save_checkpoint
-from .config import ExperimentConfig
+from .config import ExperimentConfig, check_output_name
 from .metrics import IncrementalMetrics, TaskEvaluation
 from .results import results_record, write_results
 
@@ -53,7 +54,11 @@ __all__ = [
 
 
 def output_dir(cfg: ExperimentConfig) -> Path:
-    return Path(cfg.output_dir or Path("runs") / cfg.name)
+    """``cfg.output_dir`` if set, else ``runs/<name>``; a name that would leave ``runs/`` (set
+    after the config was validated) raises :class:`~gdacil.cil.ConfigError`."""
+    if cfg.output_dir:
+        return Path(cfg.output_dir)
+    return Path("runs") / check_output_name(cfg.name)
 
 
 def experiment_fingerprint(cfg: ExperimentConfig) -> str:
@@ -335,6 +340,9 @@ def run_experiment(cfg: ExperimentConfig, *, resume: bool = False, overwrite: bo
     threads = torch.get_num_threads()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    if main:  # what writers killed mid-write (kill -9) left here more than an hour ago
+        for folder in (out, *(out / f"seed_{seed}" for seed in cfg.seeds)):
+            remove_stale_temp_files(folder)
     try:
         states, n_tasks = {}, 0
         for seed in cfg.seeds:

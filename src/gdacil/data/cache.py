@@ -5,11 +5,18 @@ fingerprint` (its weights, including any adaptation, and its preprocessing), the
 ids, and an optional ``namespace`` (e.g. the dataset identity). Change any weight, preprocessing
 option or sample, and the key changes. Entries live in ``<root>/<key[:2]>/<key>.safetensors``
 with the key's inputs stored as metadata and checked on load.
+
+Every entry carries a checksum (:func:`gdacil.io.save_tensors`). :meth:`FeatureCache.get` raises
+:class:`~gdacil.io.CorruptFileError` for an entry that does not match it (or its key, or cannot be
+read); :meth:`FeatureCache.get_or_compute` then warns, deletes the entry and computes the features
+again, so a damaged entry is never used. A cache also removes the temporary files that writers
+killed mid-write left in it (:func:`gdacil.io.remove_stale_temp_files`, older than an hour).
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -17,10 +24,9 @@ import torch
 
 from .._optional import require
 from ..hashing import sha256_json, sha256_strings
-from ..io import load_tensors, save_tensors
+from ..io import CorruptFileError, load_tensors, remove_stale_temp_files, save_tensors
 
 __all__ = ["FeatureCache", "extract_features"]
-
 
 
 def extract_features(
@@ -70,7 +76,8 @@ class FeatureCache:
     Parameters
     ----------
     root : str or os.PathLike
-        Cache directory (created on first write).
+        Cache directory (created on first write). Temporary files that interrupted writes left
+        in it more than an hour ago are removed when the cache is made.
 
     Examples
     --------
@@ -83,6 +90,7 @@ class FeatureCache:
         #: How many entries were computed / read since this object was made.
         self.misses = 0
         self.hits = 0
+        remove_stale_temp_files(self.root, recursive=True)
 
     def key(self, fingerprint: str, ids: Sequence[str], namespace: str = "") -> str:
         """The entry key for a backbone ``fingerprint``, ordered ``ids`` and ``namespace``."""
@@ -101,13 +109,17 @@ class FeatureCache:
         return self.root / key[:2] / f"{key}.safetensors"
 
     def get(self, key: str) -> torch.Tensor | None:
-        """The cached features for ``key``, or ``None``."""
+        """The cached features for ``key``, or ``None``.
+
+        Raises :class:`~gdacil.io.CorruptFileError` when the entry is damaged (it does not match
+        its checksum, cannot be read, or holds another key's entry).
+        """
         path = self.path(key)
         if not path.is_file():
             return None
         tensors, meta = load_tensors(path)
-        if sha256_json(meta.get("key_inputs")) != key:
-            raise ValueError(f"{path} does not hold the entry for its key (corrupt cache?)")
+        if sha256_json(meta.get("key_inputs")) != key or set(tensors) != {"features"}:
+            raise CorruptFileError(path, "does not hold the entry for its key (corrupt cache?)")
         return tensors["features"]
 
     def put(self, key: str, features: torch.Tensor, key_inputs: dict) -> Path:
@@ -144,7 +156,13 @@ class FeatureCache:
         ids = list(ids)
         inputs = self._key_inputs(backbone.fingerprint(), ids, namespace)
         key = sha256_json(inputs)
-        cached = self.get(key)
+        try:
+            cached = self.get(key)
+        except CorruptFileError as exc:
+            warnings.warn(f"feature cache: {exc.path}: {exc.problem}; deleting the entry and "
+                          "computing the features again", UserWarning, stacklevel=2)
+            exc.path.unlink(missing_ok=True)
+            cached = None
         if cached is not None:
             self.hits += 1
             return cached
