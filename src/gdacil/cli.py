@@ -15,6 +15,7 @@ EPILOG = """examples:
   gdacil demo                                   offline demo: MiniLM on 100 WordNet classes, 10 tasks
   gdacil run demo --set seeds=[1,2,3]           a shipped config with overrides
   gdacil run my.yaml --set heads.lr_rgda.rank=32 --resume
+  gdacil run paper-cifar100 --check             report missing data or weights, run nothing
   torchrun --nproc_per_node 2 -m gdacil run my.yaml   data-parallel on 2 processes
   gdacil bench speed --quick                    head build time, throughput and memory
   gdacil bench scale --classes 1000 10000       LR-RGDA memory, builds, pruned inference at scale
@@ -47,9 +48,32 @@ def _run(args) -> int:
         cfg = load_config(resolve_config(args.config), args.set)
     except ConfigError as exc:
         raise SystemExit(f"gdacil: bad configuration: {exc}") from None
-    with process_group(cfg.backbone.options.get("device")):  # under torchrun; else a no-op
-        run_experiment(cfg, resume=args.resume, overwrite=args.overwrite)
+    if getattr(args, "check", False):
+        return _check(cfg)
+    done = []
+    try:
+        with process_group(cfg.backbone.options.get("device")):  # under torchrun; else a no-op
+            run_experiment(cfg, resume=args.resume, overwrite=args.overwrite,
+                           on_task_end=lambda seed, t: done.append((seed, t + 1)))
+    except KeyboardInterrupt:
+        where = f"after task {done[-1][1]} of seed {done[-1][0]}" if done else "before any task ended"
+        print(f"gdacil: interrupted {where}; continue with: gdacil run {args.config} "
+              f"{' '.join(f'--set {s}' for s in args.set)} --resume".replace("  ", " "),
+              file=sys.stderr)
+        return 130
     return 0
+
+
+def _check(cfg) -> int:
+    """Report what a run of ``cfg`` would miss (data, model weights), without running it."""
+    from .cil.preflight import preflight
+
+    problems = preflight(cfg)
+    for problem in problems:
+        print(f"gdacil: missing: {problem}", file=sys.stderr)
+    if not problems:
+        print(f"gdacil: {cfg.name}: the configuration is valid and its data and model are here")
+    return 1 if problems else 0
 
 
 def _demo(args) -> int:
@@ -121,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     experiment_options(run)
     run.add_argument("--overwrite", action="store_true",
                      help="discard checkpoints of an earlier run in the output directory")
+    run.add_argument("--check", action="store_true",
+                     help="validate the configuration and report missing data or model weights "
+                          "(with where to get them), without running anything")
     run.set_defaults(func=_run)
 
     demo = sub.add_parser("demo", help="the offline demo (MiniLM on WordNet, 10 tasks)",
@@ -149,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (FileNotFoundError, FileExistsError, ImportError, KeyError, ValueError) as exc:
+    except (OSError, ImportError, KeyError, ValueError) as exc:  # OSError: disk full, read-only, ...
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"gdacil: error: {message}", file=sys.stderr)
         return 2

@@ -56,6 +56,8 @@ class BackboneConfig:
     projection_dim: int | None = None  # random ReLU projection (RanPAC-style) on top, if set
     projection_seed: int = 0
     batch_size: int = 64
+    # forward passes of extraction and Stage-1 training: fp32, or bf16/fp16 under autocast
+    precision: str = "fp32"
 
 
 @dataclass
@@ -169,32 +171,69 @@ class ExperimentConfig:
         return asdict(self)
 
     def __post_init__(self):
-        check_output_name(self.name)
-        if not self.seeds:
-            raise ConfigError("seeds: give at least one seed")
-        if self.ddof not in (0, 1):
-            raise ConfigError(f"ddof must be 0 or 1; got {self.ddof!r}")
-        if not self.heads:
-            raise ConfigError("heads: configure at least one head")
-        if "seed" in self.protocol:
-            raise ConfigError("protocol.seed: set the run seeds with the top-level `seeds` list")
-        try:
-            self.build_protocol(self.seeds[0])
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"protocol: {exc}") from None
-        try:
-            self.build_strategy()
-        except (TypeError, ValueError, KeyError) as exc:
-            raise ConfigError(f"strategy: {exc}") from None
-        if not self.compensators:
-            raise ConfigError("compensators: configure at least one (e.g. none: {name: identity})")
-        for label in self.compensators:
+        """Validate everything before any work starts; one :class:`ConfigError` lists every
+        problem found."""
+        problems = []
+        for where, check in self._checks():
             try:
-                self.build_compensator(label)
-            except (TypeError, ValueError) as exc:
-                raise ConfigError(f"compensators.{label}: {exc}") from None
-        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
-            raise ConfigError(f"threads must be a positive integer or null; got {self.threads!r}")
+                check()
+            except (ConfigError, TypeError, ValueError, KeyError) as exc:
+                message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+                problems.append(message if isinstance(exc, ConfigError) or not where
+                                else f"{where}: {message}")
+        if len(problems) == 1:
+            raise ConfigError(problems[0])
+        if problems:
+            raise ConfigError(f"{len(problems)} problems:\n" + "\n".join(f"- {p}" for p in problems))
+
+    def _checks(self):
+        """``(where, check)`` pairs: each check raises on a problem of its part of the config."""
+        yield "", lambda: check_output_name(self.name)
+        yield "seeds", self._check_seeds
+        yield "", lambda: _require(self.ddof in (0, 1), f"ddof must be 0 or 1; got {self.ddof!r}")
+        yield "", lambda: _require(bool(self.heads), "heads: configure at least one head")
+        yield "", lambda: _require("seed" not in self.protocol,
+                                   "protocol.seed: set the run seeds with the top-level `seeds` list")
+        yield "protocol", lambda: self.build_protocol(self._first_seed())
+        yield "strategy", self.build_strategy
+        yield "", lambda: _require(bool(self.compensators), "compensators: configure at least one "
+                                                             "(e.g. none: {name: identity})")
+        for label in self.compensators:
+            yield f"compensators.{label}", lambda label=label: self.build_compensator(label)._check_params()
+        yield "threads", self._check_threads
+        yield "backbone.precision", self._check_precision
+
+    def _check_seeds(self) -> None:
+        if not self.seeds:
+            raise ValueError("give at least one seed")
+        bad = [s for s in self.seeds if isinstance(s, bool) or not isinstance(s, int) or s < 0]
+        if bad:
+            raise ValueError(f"seeds must be non-negative integers; got {bad}")
+        repeated = sorted({s for s in self.seeds if self.seeds.count(s) > 1})
+        if repeated:
+            raise ValueError(f"seed(s) {repeated} appear more than once")
+
+    def _first_seed(self) -> int:
+        seed = self.seeds[0] if self.seeds else 0
+        return seed if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0 else 0
+
+    def _check_threads(self) -> None:
+        limit = 4 * (os.cpu_count() or 1)
+        if self.threads is not None and (isinstance(self.threads, bool)
+                                         or not isinstance(self.threads, int)
+                                         or not 1 <= self.threads <= limit):
+            raise ValueError(f"expected an integer from 1 to {limit} (4 x this machine's "
+                             f"{os.cpu_count()} CPUs) or null; got {self.threads!r}")
+
+    def _check_precision(self) -> None:
+        from ..backbones.base import PRECISIONS
+
+        precision = self.backbone.precision
+        if precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
+        if precision == "fp16" and self.strategy.get("name", "frozen") != "frozen":
+            raise ValueError("fp16 cannot train the backbone (no loss scaling): use bf16 with "
+                             f"strategy {self.strategy.get('name')!r}, or fp16 with frozen")
 
     def build_strategy(self):
         """The Stage-1 :class:`gdacil.adapt.Strategy` of this experiment."""
@@ -235,6 +274,11 @@ class ExperimentConfig:
         from ..data import Protocol
 
         return Protocol.from_dict({**self.protocol, "seed": seed})
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
 
 
 # ---------------------------------------------------------------------- parsing
@@ -348,7 +392,11 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set {item!r}: expected key=value (e.g. --set seeds=[1,2])")
-        value = yaml.safe_load(raw) if raw else None
+        try:
+            value = yaml.safe_load(raw) if raw else None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {item!r}: the value is not valid YAML "
+                              f"({' '.join(str(exc).split())})") from None
         node = data
         parts = key.split(".")
         for part in parts[:-1]:

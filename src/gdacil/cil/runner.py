@@ -91,7 +91,7 @@ def build_feature_backbone(cfg: ExperimentConfig):
     backbone = build_backbone(bc.name, **bc.options)
     if bc.projection_dim:
         backbone = RandomProjection(backbone, bc.projection_dim, seed=bc.projection_seed)
-    return backbone
+    return backbone.set_precision(bc.precision)
 
 
 def task_seed(seed: int, task: int, purpose: int) -> int:

@@ -1,0 +1,36 @@
+"""What a run would miss, found before it starts (``gdacil run CONFIG --check``): the data of
+every dataset of the protocol and the backbone's weights, each problem with the message that
+says where to get the missing piece and which setting points at it."""
+
+from __future__ import annotations
+
+from .config import ExperimentConfig
+
+__all__ = ["preflight"]
+
+
+def preflight(cfg: ExperimentConfig) -> list[str]:
+    """Every problem that would stop a run of ``cfg``, as messages; empty when it can start.
+
+    Builds each dataset and indexes its splits (nothing is written, no sample is decoded) and
+    builds the backbone (which loads its weights).
+    """
+    from ..data import build_dataset
+    from .runner import build_feature_backbone
+
+    problems = []
+    options = cfg.protocol.get("dataset_options", {})
+    datasets = cfg.protocol.get("datasets", [])
+    for name in [datasets] if isinstance(datasets, str) else datasets:
+        try:
+            dataset = build_dataset(name, **options.get(name, {}))
+            for split in dataset.splits:
+                dataset.index(split)
+        except (OSError, ValueError, ImportError) as exc:
+            problems.append(f"dataset {name!r}: {exc} (set its folder with --set "
+                            f"protocol.dataset_options.{name}.root=PATH)")
+    try:
+        build_feature_backbone(cfg)
+    except (OSError, ValueError, ImportError) as exc:
+        problems.append(f"backbone {cfg.backbone.name!r}: {exc}")
+    return problems
