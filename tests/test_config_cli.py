@@ -86,3 +86,19 @@ def test_cli_help_mentions_every_command(capsys):
     out = capsys.readouterr().out
     for command in ("run", "demo", "bench", "list"):
         assert command in out
+
+
+def test_overrides_get_their_own_output_folder_and_are_recorded(tmp_path):
+    from pathlib import Path
+
+    from gdacil.cil.runner import output_dir
+    from gdacil.hashing import sha256_json
+
+    path = write(tmp_path, "name: t\n")
+    assert output_dir(load_config(path)) == Path("runs/t")
+    varied = load_config(path, ["seeds=[4]"])
+    assert varied.overrides == ("seeds=[4]",)
+    assert output_dir(varied) == Path(f"runs/t-{sha256_json(['seeds=[4]'])[:8]}")
+    assert output_dir(load_config(path, ["seeds=[5]"])) != output_dir(varied)
+    explicit = load_config(path, ["seeds=[4]", f"output_dir={tmp_path / 'x'}"])
+    assert output_dir(explicit) == tmp_path / "x"

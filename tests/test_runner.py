@@ -84,6 +84,8 @@ def test_tiny_vit_run_records_metrics_that_match_a_hand_computed_matrix(tmp_path
     assert results["seeds"]["3"]["lda"]["last_acc"] >= 0.75
     timings = json.loads((out / "timings.json").read_text())
     assert set(timings["3"][0]["heads"]) == {"ncm", "lda", "lr_rgda"}
+    report = (out / "results.md").read_text()
+    assert "Seeds: 3." in report and "Overrides: none" in report and "one seed, so no interval" in report
 
 
 @needs_transformers

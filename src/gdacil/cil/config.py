@@ -163,7 +163,7 @@ class ExperimentConfig:
     statistics: StatisticsConfig = field(default_factory=StatisticsConfig)
     threads: int | None = None  # torch CPU threads for the run (None: torch's default)
     ddof: int = 0
-    output_dir: str | None = None  # default: runs/<name>
+    output_dir: str | None = None  # default: runs/<name>, plus -<hash> of the --set overrides
     cache_dir: str = "~/.cache/gdacil/features"
     progress: bool = True
 
@@ -413,7 +413,11 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None,
                 *, base: dict | None = None) -> ExperimentConfig:
-    """Read a YAML config (or start from ``base``), apply ``--set`` overrides, validate."""
+    """Read a YAML config (or start from ``base``), apply ``--set`` overrides, validate.
+
+    The config remembers the overrides (``cfg.overrides``, not a setting): the default output
+    folder of a run with overrides is ``runs/<name>-<hash of the overrides>``, so a variant never
+    replaces the plain run's results, and ``results.md`` lists them."""
     yaml = _yaml()
 
     data: dict = dict(base or {})
@@ -429,4 +433,6 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
             raise ConfigError(f"{path}: the top level must be a mapping of settings")
         data.update(loaded)
     data = apply_overrides(data, overrides or [])
-    return config_from_dict(ExperimentConfig, data)
+    cfg = config_from_dict(ExperimentConfig, data)
+    cfg.overrides = tuple(overrides or ())
+    return cfg

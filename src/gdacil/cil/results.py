@@ -33,7 +33,8 @@ def results_record(cfg: ExperimentConfig, metrics: dict[int, dict[str, Increment
                 for key in _SUMMARY_KEYS}
         for label in labels
     }
-    results = {"name": cfg.name, "config": cfg.to_dict(), "seeds": per_seed, "summary": summary}
+    results = {"name": cfg.name, "config": cfg.to_dict(), "seeds": per_seed, "summary": summary,
+               "overrides": list(getattr(cfg, "overrides", ()))}
     if diagnostics:
         results["drift_diagnostics"] = {str(s): d for s, d in diagnostics.items()}
     for key in ("output_dir", "cache_dir", "progress", "threads"):
@@ -55,11 +56,24 @@ def write_results(out: Path, cfg: ExperimentConfig, metrics: dict[int, dict[str,
     atomic_write_text(out / "results.csv", _csv(per_seed))
     _plot(out / "accuracy.png", cfg.name, metrics)
     table = results_table(summary)
-    atomic_write_text(out / "results.md", f"# {cfg.name}\n\n{table}")
+    atomic_write_text(out / "results.md", f"# {cfg.name}\n\n{_run_description(cfg)}\n{table}")
     log(table)
     log(f"results written to {out}/ (results.json, results.csv, results.md, timings.json, "
         "accuracy.png)")
     return results
+
+
+def _run_description(cfg: ExperimentConfig) -> str:
+    """What ``results.md`` says about the run before its table: seeds, overrides, the units."""
+    lines = [f"Seeds: {', '.join(map(str, cfg.seeds))}."]
+    overrides = getattr(cfg, "overrides", ())
+    lines.append("Overrides: " + (", ".join(f"`--set {o}`" for o in overrides) if overrides
+                                  else "none (the config as written)") + ".")
+    interval = ("± is the half-width of the 95% Student-t confidence interval of the mean over "
+                "the seeds" if len(cfg.seeds) > 1 else "one seed, so no interval")
+    lines.append(f"Accuracies in percent, mean over seeds; {interval}. The full configuration "
+                 "is in results.json.")
+    return "\n".join(lines) + "\n"
 
 
 def _csv(per_seed: dict) -> str:

@@ -54,11 +54,15 @@ __all__ = [
 
 
 def output_dir(cfg: ExperimentConfig) -> Path:
-    """``cfg.output_dir`` if set, else ``runs/<name>``; a name that would leave ``runs/`` (set
-    after the config was validated) raises :class:`~gdacil.cil.ConfigError`."""
+    """``cfg.output_dir`` if set, else ``runs/<name>``, or ``runs/<name>-<hash>`` with ``--set``
+    overrides (the first 8 hex digits of the sha256 of the override list, in order). A name that
+    would leave ``runs/`` (set after the config was validated) raises
+    :class:`~gdacil.cil.ConfigError`."""
     if cfg.output_dir:
         return Path(cfg.output_dir)
-    return Path("runs") / check_output_name(cfg.name)
+    name = check_output_name(cfg.name)
+    overrides = list(getattr(cfg, "overrides", ()))
+    return Path("runs") / (f"{name}-{sha256_json(overrides)[:8]}" if overrides else name)
 
 
 def experiment_fingerprint(cfg: ExperimentConfig) -> str:
