@@ -27,8 +27,9 @@ def preflight(cfg: ExperimentConfig) -> list[str]:
             for split in dataset.splits:
                 dataset.index(split)
         except (OSError, ValueError, ImportError) as exc:
-            problems.append(f"dataset {name!r}: {exc} (set its folder with --set "
-                            f"protocol.dataset_options.{name}.root=PATH)")
+            hint = f"--set protocol.dataset_options.{name}.root="
+            problems.append(f"dataset {name!r}: {exc}" + ("" if hint in str(exc) else
+                            f" (set its folder with {hint}PATH)"))
     try:
         build_feature_backbone(cfg)
     except (OSError, ValueError, ImportError) as exc:

@@ -149,7 +149,8 @@ class CIFAR100(ArrayDataset):
         self.root = base / "cifar-100-python" if (base / "cifar-100-python").is_dir() else base
         fix = (
             f"Download cifar-100-python.tar.gz (CIFAR-100, python version) and unpack it in "
-            f"{base}, or pass root= the directory that holds it"
+            f"{base}, or pass root= the directory that holds it (in a config: --set "
+            f"protocol.dataset_options.cifar100.root=PATH)"
         )
         for f in ("meta", "train", "test"):
             require_file(self.root / f, "CIFAR-100", fix)

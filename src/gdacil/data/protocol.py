@@ -104,9 +104,6 @@ class Protocol:
     def __post_init__(self):
         names = (self.datasets,) if isinstance(self.datasets, str) else tuple(self.datasets)
         object.__setattr__(self, "datasets", names)
-        object.__setattr__(
-            self, "dataset_options", {k: dict(v) for k, v in dict(self.dataset_options).items()}
-        )
         if not names or len(set(names)) != len(names) or any(":" in n for n in names):
             raise ValueError(f"datasets must be distinct names without ':'; got {names!r}")
         if not self.cross_domain and len(names) != 1:
@@ -114,9 +111,23 @@ class Protocol:
                 "a within-domain protocol takes exactly one dataset "
                 "(set cross_domain=True for several)"
             )
-        unknown = sorted(set(self.dataset_options) - set(names))
+        unknown = sorted(set(dict(self.dataset_options)) - set(names))
         if unknown:
-            raise ValueError(f"dataset_options for datasets not in the protocol: {unknown}")
+            raise ValueError(
+                f"dataset_options for datasets not in the protocol: {unknown}. dataset_options "
+                f"maps a dataset name to its options: write dataset_options.<name>.<option>, "
+                f"e.g. --set protocol.dataset_options.{names[0]}.root=PATH"
+                + (" (one per dataset: " + ", ".join(names) + ")" if len(names) > 1 else "")
+            )
+        for name, opts in dict(self.dataset_options).items():
+            if not isinstance(opts, Mapping):
+                raise ValueError(
+                    f"dataset_options.{name}: expected a mapping of options, got {opts!r}; "
+                    f"for a folder write dataset_options.{name}.root=PATH"
+                )
+        object.__setattr__(
+            self, "dataset_options", {k: dict(v) for k, v in dict(self.dataset_options).items()}
+        )
         for attr in ("increment", "initial", "train_cap", "test_cap"):
             v = getattr(self, attr)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
