@@ -80,8 +80,15 @@ MINIATURES = {
 }
 
 
+#: External anchors of the miniatures: a miniature ImageNet (one folder per class), 8 drawn
+ANCHORS_N = 8
+
+
 def _miniature_overrides(tmp_path: Path, roots: dict[str, Path]) -> list[str]:
+    imagenet = write_imagenet_r(tmp_path / "imagenet", n_classes=3, per_class=4, seed=9)
     return [
+        f"anchors.dataset_options.root={imagenet}",
+        f"anchors.n={ANCHORS_N}",
         f"seeds=[{SEED}]",
         f"backbone.options.config={json.dumps(TINY_VIT)}",
         "strategy.train.steps=2",
@@ -141,7 +148,8 @@ def test_paper_config_runs_end_to_end_on_a_miniature(name, tmp_path):
     assert cfg.backbone.options == {**shipped["backbone"]["options"], "config": TINY_VIT}
     assert cfg.strategy == {**shipped["strategy"], "train": {"steps": 2, "batch_size": 4}}
     assert cfg.compensators == shipped["compensators"]
-    assert cfg.anchors.n == shipped["anchors"]["n"]
+    assert cfg.anchors.dataset == shipped["anchors"]["dataset"] == "imagenet"
+    assert shipped["anchors"]["n"] == 1024 and cfg.anchors.n == ANCHORS_N
     assert cfg.anchors.include_current == shipped["anchors"]["include_current"]
     assert {k: h.params for k, h in cfg.heads.items() if k != "sgd"} == {
         k: v for k, v in shipped["heads"].items() if k != "sgd"}

@@ -88,14 +88,36 @@ class HeadConfig:
 
 @dataclass
 class AnchorConfig:
-    """Unlabelled anchors for drift compensation: ``n`` drawn from ``pool`` with ``seed`` (see
-    :func:`gdacil.data.draw_anchors`), plus the current task's training samples when
-    ``include_current`` (the paper's choice)."""
+    """Unlabelled anchors for drift compensation: ``n`` drawn with ``seed``, plus the current
+    task's training samples when ``include_current`` (the paper's choice).
+
+    They come from ``pool`` of the protocol's own datasets (:func:`gdacil.data.draw_anchors`), or,
+    when ``dataset`` names a registered dataset outside the protocol, from that dataset's
+    ``splits`` (all by default), built with ``dataset_options``
+    (:class:`gdacil.data.ExternalAnchors`): the paper adds 1024 ImageNet images this way.
+    """
 
     n: int = 1024
     seed: int = 0
     pool: str = "outside"
     include_current: bool = True
+    dataset: str | None = None
+    dataset_options: dict = field(default_factory=dict)
+    splits: list | None = None
+
+    def build_external(self):
+        """The :class:`gdacil.data.ExternalAnchors` of ``dataset`` (None without one)."""
+        from ..data import DataNotFoundError, ExternalAnchors, build_dataset
+
+        if self.dataset is None or not self.n:
+            return None
+        try:
+            dataset = build_dataset(self.dataset, **self.dataset_options)
+        except DataNotFoundError as exc:  # point at the anchors' setting, not the protocol's
+            raise DataNotFoundError(str(exc).replace(
+                f"protocol.dataset_options.{self.dataset}.root", "anchors.dataset_options.root")
+            ) from None
+        return ExternalAnchors(dataset, self.n, seed=self.seed, splits=self.splits)
 
 
 @dataclass
@@ -200,8 +222,28 @@ class ExperimentConfig:
                                                              "(e.g. none: {name: identity})")
         for label in self.compensators:
             yield f"compensators.{label}", lambda label=label: self.build_compensator(label)._check_params()
+        yield "anchors", self._check_anchors
         yield "threads", self._check_threads
         yield "backbone.precision", self._check_precision
+
+    def _check_anchors(self) -> None:
+        from ..data import ANCHOR_POOLS, DATASETS
+
+        a = self.anchors
+        if a.pool not in ANCHOR_POOLS:
+            raise ValueError(f"unknown pool {a.pool!r}; known: {', '.join(ANCHOR_POOLS)}")
+        if a.dataset is None:
+            if a.dataset_options or a.splits is not None:
+                raise ValueError("dataset_options and splits describe an external anchor "
+                                 "dataset: set anchors.dataset too")
+            return
+        DATASETS[a.dataset]  # an unknown name lists the known ones
+        if a.dataset in self.protocol.get("datasets", ()):
+            raise ValueError(f"{a.dataset!r} is one of the protocol's datasets; draw its anchors "
+                             "with anchors.pool (outside, unused, both) instead")
+        if a.pool != "outside":
+            raise ValueError("anchors.pool selects among the protocol's own samples; it does "
+                             "not apply to an external anchors.dataset")
 
     def _check_seeds(self) -> None:
         if not self.seeds:

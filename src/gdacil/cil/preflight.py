@@ -30,6 +30,12 @@ def preflight(cfg: ExperimentConfig) -> list[str]:
             hint = f"--set protocol.dataset_options.{name}.root="
             problems.append(f"dataset {name!r}: {exc}" + ("" if hint in str(exc) else
                             f" (set its folder with {hint}PATH)"))
+    if cfg.anchors.dataset is not None and any(
+            c.get("name") != "identity" for c in cfg.compensators.values()):
+        try:
+            cfg.anchors.build_external()
+        except (OSError, ValueError, ImportError) as exc:
+            problems.append(f"anchors: {exc}")
     try:
         build_feature_backbone(cfg)
     except (OSError, ValueError, ImportError) as exc:

@@ -114,6 +114,11 @@ class _SeedRun:
         self.strategy = cfg.build_strategy()
         self.compensators = {label: cfg.build_compensator(label) for label in cfg.compensators}
         self.needs_anchors = any(c.name != "identity" for c in self.compensators.values())
+        self.external = self.cfg.anchors.build_external() if self.needs_anchors else None
+        if self.external is not None and self.external.dataset.modality != self.tasks.modality:
+            raise ValueError(f"anchors.dataset {self.external.dataset.name!r} holds "
+                             f"{self.external.dataset.modality} samples but the protocol's are "
+                             f"{self.tasks.modality}")
         self.anchor_pool = self._draw_anchors() if self.needs_anchors else ()
         self.cache = FeatureCache(cfg.cache_dir)
         self.heads = {track: {label: h.build() for label, h in cfg.heads.items() if not h.streaming}
@@ -124,17 +129,33 @@ class _SeedRun:
         from ..data import draw_anchors
 
         a = self.cfg.anchors
+        if self.external is not None:
+            return self.external.ids
         return draw_anchors(self.tasks, a.n, seed=a.seed, pool=a.pool) if a.n else ()
 
     def features(self, ids) -> torch.Tensor:
         """Features of ``ids`` in order. Under torch.distributed each rank extracts (and caches,
         under its own key) its contiguous shard, and every rank gets all the rows."""
         progress = self.cfg.progress and distributed.is_main_process()
-        mine = self.cache.get_or_compute(self.backbone, distributed.shard(ids), self.tasks.load,
-                                         namespace=self.tasks.cache_namespace,
+        namespace = self.tasks.cache_namespace
+        if self.external is not None and any(map(self.external.owns, ids)):
+            namespace = sha256_json([namespace, self.external.cache_namespace])
+        mine = self.cache.get_or_compute(self.backbone, distributed.shard(ids), self._load,
+                                         namespace=namespace,
                                          batch_size=self.cfg.backbone.batch_size,
                                          progress=progress)
         return distributed.all_gather_rows(mine)
+
+    def _load(self, ids) -> list:
+        """Raw samples of task ids and external anchor ids, in order."""
+        if self.external is None:
+            return self.tasks.load(ids)
+        out = [None] * len(ids)
+        for owner, load in ((True, self.external.load), (False, self.tasks.load)):
+            positions = [k for k, i in enumerate(ids) if self.external.owns(i) == owner]
+            for k, raw in zip(positions, load([ids[k] for k in positions]) if positions else ()):
+                out[k] = raw
+        return out
 
     # ------------------------------------------------------------------ the loop
     def run(self, state: SeedState | None, on_task_end: Callable | None) -> SeedState:

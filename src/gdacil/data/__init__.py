@@ -25,7 +25,7 @@ from __future__ import annotations
 from functools import partial
 
 from ..registry import Registry
-from .anchors import ANCHOR_POOLS, anchor_pool, draw_anchors
+from .anchors import ANCHOR_POOLS, ExternalAnchors, anchor_pool, draw_anchors
 from .base import DataNotFoundError, Dataset, SampleIndex
 from .cache import FeatureCache, extract_features
 from .cifar import CIFAR100, read_cifar_pickle
@@ -43,6 +43,7 @@ __all__ = [
     "IMAGE_FOLDER_PRESETS",
     "DataNotFoundError",
     "Dataset",
+    "ExternalAnchors",
     "FashionMNIST",
     "FeatureCache",
     "ImageFolder",

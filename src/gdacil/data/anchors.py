@@ -13,15 +13,20 @@ Anchors should come from outside the task classes, as the paper's ImageNet ancho
 
 No sample that the protocol evaluates on, and no official test sample of a used class, is ever
 an anchor.
+
+:class:`ExternalAnchors` draws them from a dataset outside the protocol instead, as the paper
+adds 1024 ImageNet images to every benchmark.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..hashing import sha256_json
+from .base import Dataset
 from .protocol import TaskSequence
 
-__all__ = ["ANCHOR_POOLS", "anchor_pool", "draw_anchors"]
+__all__ = ["ANCHOR_POOLS", "ExternalAnchors", "anchor_pool", "draw_anchors"]
 
 ANCHOR_POOLS = ("outside", "unused", "both")
 
@@ -65,3 +70,57 @@ def draw_anchors(
         )
     pick = np.random.default_rng(seed).choice(len(candidates), size=n, replace=False)
     return tuple(candidates[i] for i in np.sort(pick))
+
+
+class ExternalAnchors:
+    """``n`` anchors drawn with ``seed`` from a dataset that is not part of the protocol.
+
+    Every sample of the chosen ``splits`` (default: all of the dataset's) and of its unlabelled
+    pool is a candidate; labels are ignored. Ids are global, ``"external/<dataset>:<id>"``, so
+    they never collide with the protocol's ``"<dataset>:<id>"``.
+
+    Parameters
+    ----------
+    dataset : Dataset
+    n : int
+        How many anchors to draw (without replacement, ``numpy.random.default_rng(seed)``).
+    seed : int
+    splits : sequence of str, optional
+        Which of ``dataset.splits`` to draw from.
+    """
+
+    PREFIX = "external/"
+
+    def __init__(self, dataset: Dataset, n: int, *, seed: int = 0, splits=None):
+        splits = tuple(dataset.splits if splits is None else splits)
+        unknown = sorted(set(splits) - set(dataset.splits))
+        if unknown:
+            raise ValueError(f"anchor dataset {dataset.name!r} has no split(s) {unknown}; its "
+                             f"splits: {', '.join(dataset.splits)}")
+        self.dataset, self.splits = dataset, splits
+        candidates = sorted({*(i for s in splits for i in dataset.index(s).ids),
+                             *dataset.unlabelled()})
+        if n > len(candidates):
+            raise ValueError(f"asked for {n} anchors but {dataset.name!r} ({', '.join(splits)}) "
+                             f"holds {len(candidates)} samples; ask for fewer")
+        pick = np.sort(np.random.default_rng(seed).choice(len(candidates), size=n, replace=False))
+        self.ids = tuple(f"{self.PREFIX}{dataset.name}:{candidates[i]}" for i in pick)
+
+    @classmethod
+    def owns(cls, sample_id: str) -> bool:
+        """Whether ``sample_id`` is an external anchor's id."""
+        return sample_id.startswith(cls.PREFIX)
+
+    @property
+    def cache_namespace(self) -> str:
+        """What defines the raw samples behind the ids (the dataset and its options)."""
+        return sha256_json(["external anchors", self.dataset.name, self.dataset.config()])
+
+    def load(self, ids) -> list:
+        """Raw samples of external anchor ids, in order."""
+        prefix = f"{self.PREFIX}{self.dataset.name}:"
+        bad = [i for i in ids if not i.startswith(prefix)]
+        if bad:
+            raise ValueError(f"not anchors of {self.dataset.name!r}: {bad[:5]}")
+        return self.dataset.load([i[len(prefix):] for i in ids])
+

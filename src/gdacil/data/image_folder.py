@@ -55,6 +55,14 @@ _LAYOUTS = (
 #: Known datasets: expected class counts, where the data comes from, and the folders their
 #: archives unpack into (a root holding one of them is read from there).
 IMAGE_FOLDER_PRESETS: dict[str, dict] = {
+    # the paper's external anchors: any ImageNet-1k images, one folder per class (the class
+    # count is not checked: a subset of the training set is enough to draw anchors from)
+    "imagenet": {
+        "classes": (),
+        "source": "ImageNet-1k training images (Deng et al., 2009), one folder per class "
+                  "(ILSVRC/Data/CLS-LOC/train/<wnid>/ or train/<wnid>/)",
+        "folders": ("ILSVRC/Data/CLS-LOC/train", "train"),
+    },
     "imagenet-r": {
         "classes": (200,),
         "source": "ImageNet-R (Hendrycks et al., 2021), imagenet-r.tar",
