@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -17,6 +18,7 @@ __all__ = [
     "PRECISIONS",
     "Backbone",
     "ImageBackbone",
+    "PreparedInputs",
     "check_final_norm",
     "make_final_layernorm_nonaffine",
     "normalize_features",
@@ -65,6 +67,23 @@ def make_final_layernorm_nonaffine(model: nn.Module, path: str) -> None:
 
 #: Forward-pass precisions: the autocast dtype of each (None: plain float32)
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class PreparedInputs:
+    """Preprocessed model inputs of ``n`` raw samples: CPU tensor batches in ``order`` (None:
+    input order), what :meth:`Backbone.prepare` returns and :meth:`Backbone.extract_prepared`
+    runs."""
+
+    n: int
+    order: list[int] | None
+    batches: list[dict[str, torch.Tensor]]
+
+    def pin_memory(self) -> PreparedInputs:
+        """Page-locked copies of the batches (``torch.utils.data.DataLoader(pin_memory=True)``
+        calls this), for asynchronous copies to a GPU."""
+        return PreparedInputs(self.n, self.order,
+                              [{k: v.pin_memory() for k, v in b.items()} for b in self.batches])
 
 
 def _state_version(state: list[tuple[str, torch.Tensor]]) -> list[tuple]:
@@ -155,31 +174,45 @@ class Backbone(abc.ABC):
 
     def extract(self, raw: Sequence, *, batch_size: int | None = None) -> torch.Tensor:
         """Features of raw inputs in evaluation mode, without gradients: float32 ``(n, dim)`` on
-        the CPU. The model's train/eval mode is restored afterwards."""
+        the CPU. The model's train/eval mode is restored afterwards.
+
+        The same as :meth:`extract_prepared` of :meth:`prepare`: an input pipeline runs
+        ``prepare`` in worker processes and only the forward passes in this one."""
+        return self.extract_prepared(self.prepare(raw, batch_size=batch_size))
+
+    def prepare(self, raw: Sequence, *, batch_size: int | None = None) -> PreparedInputs:
+        """The CPU work of :meth:`extract`: order the inputs (:meth:`extraction_order`), cut
+        them into batches of ``batch_size`` and preprocess each; touches no model weight."""
         n = len(raw)
-        step = n if not batch_size else int(batch_size)
+        step = max(n if not batch_size else int(batch_size), 1)
         order = self.extraction_order(raw)
+        batches = []
+        for start in range(0, n, step):
+            if order is None:
+                batch = raw[start : start + step]
+            else:
+                batch = [raw[i] for i in order[start : start + step]]
+            batches.append(self.preprocess(batch))
+        return PreparedInputs(n, order, batches)
+
+    def extract_prepared(self, prepared: PreparedInputs) -> torch.Tensor:
+        """Features of :meth:`prepare`'s batches, in the order of the raw inputs."""
         was_training = self.model.training
         self.model.eval()
         out = []
         try:
             with torch.no_grad(), self.autocast():
-                for start in range(0, n, max(step, 1)):
-                    if order is None:
-                        batch = raw[start : start + step]
-                    else:
-                        batch = [raw[i] for i in order[start : start + step]]
-                    inputs = self.preprocess(batch)
-                    inputs = {k: v.to(self.device) for k, v in inputs.items()}
+                for inputs in prepared.batches:
+                    inputs = {k: v.to(self.device, non_blocking=True) for k, v in inputs.items()}
                     out.append(self.forward(inputs).float().cpu())
         finally:
             self.model.train(was_training)
         if not out:
             return torch.empty(0, self.dim)
-        if order is None:
+        if prepared.order is None:
             return torch.cat(out)
-        features = torch.empty(n, self.dim)
-        features[torch.as_tensor(order, dtype=torch.long)] = torch.cat(out)
+        features = torch.empty(prepared.n, self.dim)
+        features[torch.as_tensor(prepared.order, dtype=torch.long)] = torch.cat(out)
         return features
 
     def extraction_order(self, raw: Sequence) -> list[int] | None:

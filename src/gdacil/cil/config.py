@@ -58,6 +58,16 @@ class BackboneConfig:
     batch_size: int = 64
     # forward passes of extraction and Stage-1 training: fp32, or bf16/fp16 under autocast
     precision: str = "fp32"
+    # processes that load and preprocess samples for extraction while the model runs; "auto":
+    # none on the CPU (they would compete with the forward passes), min(8, CPUs - 1) on a GPU
+    num_workers: int | str = "auto"
+
+    def resolve_workers(self, device) -> int:
+        """``num_workers`` as a count for a backbone on ``device``."""
+        if self.num_workers != "auto":
+            return self.num_workers
+        cpus = os.cpu_count() or 1
+        return 0 if torch_device_type(device) == "cpu" else max(0, min(8, cpus - 1))
 
 
 @dataclass
@@ -225,6 +235,13 @@ class ExperimentConfig:
         yield "anchors", self._check_anchors
         yield "threads", self._check_threads
         yield "backbone.precision", self._check_precision
+        yield "backbone.num_workers", lambda: _require(
+            self.backbone.num_workers == "auto" or (
+                isinstance(self.backbone.num_workers, int)
+                and not isinstance(self.backbone.num_workers, bool)
+                and self.backbone.num_workers >= 0),
+            f"backbone.num_workers: expected \"auto\" or an integer >= 0; got "
+            f"{self.backbone.num_workers!r}")
 
     def _check_anchors(self) -> None:
         from ..data import ANCHOR_POOLS, DATASETS
@@ -316,6 +333,13 @@ class ExperimentConfig:
         from ..data import Protocol
 
         return Protocol.from_dict({**self.protocol, "seed": seed})
+
+
+def torch_device_type(device) -> str:
+    """``"cpu"``, ``"cuda"``, ... of a device, a device string or None (the CPU)."""
+    import torch
+
+    return torch.device(device or "cpu").type
 
 
 def _require(condition: bool, message: str) -> None:

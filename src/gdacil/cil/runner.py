@@ -111,6 +111,7 @@ class _SeedRun:
         with distributed.main_process_first():  # rank 0 writes the manifest, the others check it
             self.tasks = cfg.build_protocol(seed).build(manifest=directory / "manifest.json")
         self.backbone = build_feature_backbone(cfg)
+        self.num_workers = cfg.backbone.resolve_workers(self.backbone.device)
         self.strategy = cfg.build_strategy()
         self.compensators = {label: cfg.build_compensator(label) for label in cfg.compensators}
         self.needs_anchors = any(c.name != "identity" for c in self.compensators.values())
@@ -143,7 +144,7 @@ class _SeedRun:
         mine = self.cache.get_or_compute(self.backbone, distributed.shard(ids), self._load,
                                          namespace=namespace,
                                          batch_size=self.cfg.backbone.batch_size,
-                                         progress=progress)
+                                         progress=progress, num_workers=self.num_workers)
         return distributed.all_gather_rows(mine)
 
     def _load(self, ids) -> list:

@@ -37,10 +37,17 @@ def extract_features(
     batch_size: int = 64,
     progress: bool = False,
     load_batches: int = 16,
+    num_workers: int = 0,
 ) -> torch.Tensor:
     """Features ``(len(ids), backbone.dim)`` of the samples ``ids``, loading ``load_batches``
     batches of raw samples at a time (the backbone orders each load, e.g. text by length, before
     cutting it into forward passes of ``batch_size``).
+
+    With ``num_workers > 0`` a ``torch.utils.data.DataLoader`` loads and preprocesses the next
+    loads in that many worker processes (:meth:`Backbone.prepare`) while this process runs the
+    forward passes, with page-locked memory when the backbone is on a GPU; the batches and so
+    the features are identical to ``num_workers=0``. Workers are forked (POSIX); where ``fork``
+    is not available they are not used.
 
     Parameters
     ----------
@@ -53,21 +60,48 @@ def extract_features(
         Show a tqdm progress bar.
     load_batches : int
         Batches of raw samples loaded (and ordered by the backbone) at a time.
+    num_workers : int
+        Worker processes for loading and preprocessing (0: all in this process).
     """
     step = batch_size * load_batches
-    starts = range(0, len(ids), step)
+    chunks = [ids[s : s + step] for s in range(0, len(ids), step)]
+    prepared = _prepared_chunks(backbone, chunks, load, batch_size, num_workers)
     if progress:
         tqdm = require("tqdm.auto", feature="progress bars",
                        install="pip install 'gdacil[cli]'").tqdm
-
-        starts = tqdm(
-            starts,
-            total=len(starts),
-            unit="batch",
-            desc=f"features ({getattr(backbone, 'name', 'backbone')})",
-        )
-    parts = [backbone.extract(load(ids[s : s + step]), batch_size=batch_size) for s in starts]
+        prepared = tqdm(prepared, total=len(chunks), unit="batch",
+                        desc=f"features ({getattr(backbone, 'name', 'backbone')})")
+    parts = [backbone.extract_prepared(p) for p in prepared]
     return torch.cat(parts) if parts else torch.empty(0, backbone.dim)
+
+
+class _PrepareChunks(torch.utils.data.Dataset):
+    """Item ``k``: chunk ``k`` of ids, loaded and preprocessed (runs in a worker process)."""
+
+    def __init__(self, backbone, chunks, load, batch_size):
+        self.backbone, self.chunks, self.load, self.batch_size = backbone, chunks, load, batch_size
+
+    def __len__(self) -> int:
+        return len(self.chunks)
+
+    def __getitem__(self, k: int):
+        return self.backbone.prepare(self.load(self.chunks[k]), batch_size=self.batch_size)
+
+
+def _prepared_chunks(backbone, chunks, load, batch_size: int, num_workers: int):
+    """:meth:`Backbone.prepare` of every chunk, in order: in this process, or prefetched by a
+    ``DataLoader`` with ``num_workers`` forked workers."""
+    import multiprocessing
+
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be >= 0; got {num_workers}")
+    if not num_workers or "fork" not in multiprocessing.get_all_start_methods() or not chunks:
+        return (backbone.prepare(load(c), batch_size=batch_size) for c in chunks)
+    return torch.utils.data.DataLoader(
+        _PrepareChunks(backbone, chunks, load, batch_size), batch_size=None, shuffle=False,
+        num_workers=min(num_workers, len(chunks)), prefetch_factor=2,
+        pin_memory=torch.device(backbone.device).type == "cuda",
+        multiprocessing_context="fork")
 
 
 class FeatureCache:
@@ -138,6 +172,7 @@ class FeatureCache:
         batch_size: int = 64,
         progress: bool = False,
         load_batches: int = 16,
+        num_workers: int = 0,
     ) -> torch.Tensor:
         """Cached features of ``ids`` under ``backbone``, computing and storing them if absent.
 
@@ -150,8 +185,8 @@ class FeatureCache:
             ``load(ids) -> raw samples``.
         namespace : str
             Extra key text, e.g. a dataset identity hash when ids alone are ambiguous.
-        batch_size, progress, load_batches
-            See :func:`extract_features`.
+        batch_size, progress, load_batches, num_workers
+            See :func:`extract_features` (the workers change no feature, so not the key).
         """
         ids = list(ids)
         inputs = self._key_inputs(backbone.fingerprint(), ids, namespace)
@@ -167,7 +202,7 @@ class FeatureCache:
             self.hits += 1
             return cached
         features = extract_features(backbone, ids, load, batch_size=batch_size, progress=progress,
-                                    load_batches=load_batches)
+                                    load_batches=load_batches, num_workers=num_workers)
         self.put(key, features, inputs)
         self.misses += 1
         return features
