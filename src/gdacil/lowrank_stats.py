@@ -36,12 +36,21 @@ from typing import Any, ClassVar, NamedTuple
 
 import torch
 
-from ._validation import check_nonnegative, check_positive_int
+from ._validation import (
+    SYMMETRY_RTOL,
+    all_finite,
+    check_nonnegative,
+    check_positive_int,
+    first_nonfinite,
+)
 from .linalg import class_top_eigh, symmetrize
 from .stats import ClassGaussians, ClassStatistics
 
 __all__ = ["LowRankFactors", "LowRankGaussians"]
 
+#: Largest ``|U^T U - I|`` of loaded eigenvectors, by storage dtype: two orders of magnitude above
+#: the rounding of orthonormal float64 columns to that dtype
+_ORTHONORMAL_TOL = {torch.float32: 1e-5, torch.float64: 1e-8}
 _STORAGE_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
@@ -252,7 +261,8 @@ class LowRankGaussians(ClassStatistics):
         the dropped eigenvalues joining the residual variance). Both keep the average
         covariance exact. A class that is already present is a ``ValueError``: merging more
         samples into a compressed class cannot be done exactly; merge the dense statistics
-        first, then compress.
+        first, then compress. The merge is all or nothing: if a block fails (e.g. the
+        covariance sum would overflow float64), the classes merged before it are removed again.
         """
         if not isinstance(other, (ClassGaussians, LowRankGaussians)):
             raise TypeError(f"can only merge ClassGaussians or LowRankGaussians, got "
@@ -271,9 +281,10 @@ class LowRankGaussians(ClassStatistics):
             return self
         self._make_room(other.n_classes)  # one growth step for all of other's classes
         if isinstance(other, ClassGaussians):
-            for block, counts, means, covs in other.iter_batches(batch_size):
-                self._add_moments(block, counts.to(self.device), means.to(self.device),
-                                  covs.to(self.device))
+            with self.rollback_on_error([]):  # a failing block takes the earlier ones back out
+                for block, counts, means, covs in other.iter_batches(batch_size):
+                    self._add_moments(block, counts.to(self.device), means.to(self.device),
+                                      covs.to(self.device))
             return self
         if other.rank < self.rank:
             raise ValueError(f"cannot merge rank-{other.rank} statistics into rank-{self.rank} "
@@ -283,12 +294,23 @@ class LowRankGaussians(ClassStatistics):
         if other.rank > self.rank:  # fold the dropped eigenvalues into the isotropic residual
             dropped = other.eigenvalues[:, self.rank :].sum(1)
             res = (res * (self.dim - other.rank) + dropped) / (self.dim - self.rank)
+        total = self._checked_sum(self._covariance_sum + other._covariance_sum.to(self.device),
+                                  other.classes)
         self._append_rows(other.classes, {
             "_counts": other.counts.to(self.device), "_means": other.means.to(self.device),
             "_eigenvectors": U.to(device=self.device, dtype=self.dtype),
             "_eigenvalues": s.to(self.device), "_residual_variances": res.to(self.device)})
-        self._covariance_sum += other._covariance_sum.to(self.device)
+        self._covariance_sum.copy_(total)
         return self
+
+    def _checked_sum(self, total: torch.Tensor, labels: list[int]) -> torch.Tensor:
+        """``total`` (a new covariance sum), refused if it holds NaN or inf, before any change."""
+        if not all_finite(total):
+            raise ValueError(
+                f"LowRankGaussians: the covariances of classes {labels[:10]} would make the "
+                "running covariance sum NaN or inf (float64 overflow); nothing was changed. "
+                "Rescale the features")
+        return total
 
     def _compress(self, covs: torch.Tensor, labels: list[int]):
         """``(U, s, sigma^2)`` of float64 covariances ``(k, d, d)``."""
@@ -303,20 +325,65 @@ class LowRankGaussians(ClassStatistics):
         return U.to(self.dtype), s, res
 
     def _add_moments(self, labels, counts, means, covs) -> None:
-        U, s, res = self._compress(covs, labels)
+        U, s, res = self._compressed(covs, labels)
+        total = self._checked_sum(self._covariance_sum + covs.sum(0), labels)
         self._append_rows(labels, {"_counts": counts, "_means": means, "_eigenvectors": U,
                                    "_eigenvalues": s, "_residual_variances": res})
-        self._covariance_sum += covs.sum(0)
+        self._covariance_sum.copy_(total)
+
+    def _compressed(self, covs: torch.Tensor, labels: list[int]):
+        """:meth:`_compress`, refusing (before any change) eigenpairs that came out NaN or inf."""
+        U, s, res = self._compress(covs, labels)
+        for t in (U, s, res):
+            if not all_finite(t):
+                raise ValueError(f"LowRankGaussians: compressing the covariance of class "
+                                 f"{labels[first_nonfinite(t)]} gave NaN or inf (values too "
+                                 "large for float64); nothing was changed. Rescale the features")
+        return U, s, res
 
     def _write_covariances(self, labels, pos, covs) -> None:
         """Re-compress the new covariances. The sum loses the old *model* and gains the new
         covariance (see the module docstring: exact only if the old class was exactly its model)."""
         old = self._model_covariances(pos)
-        U, s, res = self._compress(covs, labels)
-        self._covariance_sum += covs.sum(0) - old.sum(0)
+        U, s, res = self._compressed(covs, labels)
+        total = self._checked_sum(self._covariance_sum + (covs.sum(0) - old.sum(0)), labels)
+        self._covariance_sum.copy_(total)
         self._eigenvectors[pos] = U
         self._eigenvalues[pos] = s
         self._residual_variances[pos] = res
+
+    def _check_loaded(self, labels, rows, shared, source) -> None:
+        """Loaded eigenpairs must be finite, with eigenvalues and residual variances >= 0 and
+        orthonormal eigenvectors (within ``_ORTHONORMAL_TOL`` of the storage dtype); the
+        covariance sum finite and symmetric (not necessarily PSD: removing classes leaves their
+        compression error in it, a zero-trace matrix)."""
+        U, s, res = rows["_eigenvectors"], rows["_eigenvalues"], rows["_residual_variances"]
+        for name, t in (("eigenvectors", U), ("eigenvalues", s), ("residual variance", res)):
+            if not all_finite(t):
+                raise ValueError(f"{source}: the {name} of class {labels[first_nonfinite(t)]} "
+                                 "contain NaN or inf")
+        negative = (s < 0).any(1) | (res < 0)
+        if bool(negative.any()):
+            c = labels[int(negative.nonzero()[0, 0])]
+            raise ValueError(f"{source}: class {c} has a negative eigenvalue or residual variance; "
+                             "a covariance has none")
+        tol = _ORTHONORMAL_TOL[self.dtype]
+        eye = torch.eye(self.rank, dtype=torch.float64, device=U.device)
+        for start in range(0, len(labels), 64):
+            block = U[start:start + 64].to(torch.float64)
+            err = (block.transpose(1, 2) @ block - eye).abs().amax((1, 2))
+            if bool((err > tol).any()):
+                i = int((err > tol).nonzero()[0, 0])
+                raise ValueError(f"{source}: the eigenvectors of class {labels[start + i]} are not "
+                                 f"orthonormal (max |U^T U - I| = {float(err[i]):.2g}, tolerance "
+                                 f"{tol:g})")
+        total = shared["_covariance_sum"]
+        if not all_finite(total):
+            raise ValueError(f"{source}: the covariance sum contains NaN or inf")
+        asym = float((total - total.T).abs().max())
+        if asym > SYMMETRY_RTOL * float(total.abs().max()):
+            raise ValueError(f"{source}: the covariance sum is not symmetric "
+                             f"(max |S - S^T| = {asym:.3g})")
 
     def _keep(self, keep: list[int], batch_size: int = 32) -> None:
         """Keep the classes at positions ``keep``; the sum loses the removed classes' models."""

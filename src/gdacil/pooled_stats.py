@@ -26,7 +26,7 @@ from typing import ClassVar
 
 import torch
 
-from ._validation import as_features, as_labels, check_positive_int
+from ._validation import SYMMETRY_RTOL, all_finite, as_features, as_labels, check_positive_int
 from .io import load_tensors, save_tensors
 from .linalg import symmetrize
 
@@ -147,7 +147,9 @@ class PooledGaussians:
         mu_b.index_add_(0, inv, X)
         mu_b /= n_b[:, None]
         Xc = X - mu_b[inv]
-        self._combine(uniq.tolist(), n_b, mu_b, lambda S: S.addmm_(Xc.T, Xc))
+        # every entry of Xc^T Xc is at most the sum over samples of their largest squared entry
+        reach = float(Xc.abs().amax(1).square().sum()) if Xc.numel() else 0.0
+        self._combine("update", uniq.tolist(), n_b, mu_b, lambda S: S.addmm_(Xc.T, Xc), reach)
         return self
 
     def merge(self, other: PooledGaussians) -> PooledGaussians:
@@ -158,27 +160,56 @@ class PooledGaussians:
             raise ValueError(f"cannot merge statistics of dimension {other.dim} into {self.dim}")
         if other.n_classes:
             S_other = other._scatter.to(self.device)
-            self._combine(other.classes, other.counts.to(self.device), other.means.to(self.device),
-                          lambda S: S.add_(S_other))
+            self._combine("merge", other.classes, other.counts.to(self.device),
+                          other.means.to(self.device), lambda S: S.add_(S_other),
+                          _largest_entry(S_other))
         return self
 
-    def _combine(self, labels: list[int], n_b, mu_b, add_scatter) -> None:
-        """Combine a part with classes ``labels``, counts, means and a function adding its ``S_w``."""
+    def _combine(self, what: str, labels: list[int], n_b, mu_b, add_scatter, reach: float) -> None:
+        """Combine a part with classes ``labels``, counts, means and a function adding its ``S_w``
+        (whose entries are at most ``reach`` in magnitude).
+
+        Transactional: a part that would make any statistic NaN or inf is refused (``ValueError``)
+        and nothing changes. The scatter is updated in place when a bound on its new entries
+        shows it cannot overflow; only near the float64 limit is it built in a copy and checked.
+        """
         known = [i for i, c in enumerate(labels) if c in self._index]
         fresh = [i for i, c in enumerate(labels) if c not in self._index]
-        add_scatter(self._scatter)
+        means = mu_b
         if known:
             sel = torch.tensor(known, device=self.device)
             pos = self.positions([labels[i] for i in known]).to(self.device)
             n_a, mu_a, nb = self._counts[pos], self._means[pos], n_b[sel]
             n = n_a + nb
             delta = mu_b[sel] - mu_a
-            self._scatter.addmm_(delta.T, delta * (n_a * nb / n)[:, None])
-            self._means[pos] = mu_a + delta * (nb / n)[:, None]
+            weights = n_a * nb / n
+            means = torch.cat([mu_b, mu_a + delta * (nb / n)[:, None]])
+            reach += float((weights * delta.abs().amax(1).square()).sum())
+        if not all_finite(means):
+            raise self._overflow(what)
+        # S_w is PSD (a sum of scatters): its largest entry is on the diagonal
+        reach += 2.0 * float(self._scatter.diagonal().abs().max())
+        in_place = reach < _SAFE_MAGNITUDE
+        S = self._scatter if in_place else self._scatter.clone()
+        add_scatter(S)
+        if known:
+            S.addmm_(delta.T, delta * weights[:, None])
+        if not in_place:
+            if not all_finite(S):
+                raise self._overflow(what)
+            self._scatter = S
+        if known:
+            self._means[pos] = means[len(mu_b):]
             self._counts[pos] = n
         if fresh:
             sel = torch.tensor(fresh, device=self.device)
             self._append([labels[i] for i in fresh], n_b[sel], mu_b[sel])
+
+    @staticmethod
+    def _overflow(what: str) -> ValueError:
+        return ValueError(f"PooledGaussians.{what}: this would make the statistics NaN or inf "
+                          "(float64 overflow: the values are too large for their squares to be "
+                          "summed); nothing was changed. Rescale the features")
 
     def _append(self, labels: list[int], counts, means) -> None:
         C, k = self.n_classes, len(labels)
@@ -241,6 +272,7 @@ class PooledGaussians:
         if not (torch.isfinite(means).all() and torch.isfinite(scatter).all()
                 and torch.isfinite(counts).all()) or (counts <= 0).any():
             raise ValueError(f"{source}: counts must be positive and all values finite")
+        _check_scatter(scatter, source)
         out = cls(M, device=device)
         if C:
             out._append(labels.tolist(), counts.to(out.device), means.to(out.device))
@@ -272,8 +304,41 @@ class PooledGaussians:
             for _, counts, _, covs in stats.iter_batches(64):
                 weight = (counts - stats.ddof).clamp_min(0.0)
                 out._scatter += (covs * weight[:, None, None]).sum(0)
+            if not all_finite(out._scatter):
+                raise PooledGaussians._overflow("from_class_statistics")
             out._append(stats.classes, stats.counts.clone(), stats.means.clone())
         return out
+
+
+#: Entries below this bound leave room for the round-off of a few more additions in float64
+_SAFE_MAGNITUDE = torch.finfo(torch.float64).max / 16
+
+
+def _largest_entry(t: torch.Tensor) -> float:
+    if not t.numel():
+        return 0.0
+    lo, hi = torch.aminmax(t)
+    return max(-float(lo), float(hi))
+
+
+def _check_scatter(S: torch.Tensor, source: str, block: int = 512) -> None:
+    """Cheap necessary conditions of a PSD scatter (``O(M^2)`` in row blocks, no factorisation):
+    symmetric within :data:`~gdacil._validation.SYMMETRY_RTOL`, a non-negative diagonal and
+    ``|S_ij| <= sqrt(S_ii S_jj)`` (Cauchy-Schwarz) up to the same relative tolerance."""
+    scale = _largest_entry(S)
+    if not scale:
+        return
+    diag = S.diagonal()
+    if bool((diag < 0).any()):
+        raise ValueError(f"{source}: the pooled scatter has a negative variance on its diagonal")
+    root, tol = diag.sqrt(), SYMMETRY_RTOL * scale
+    for a in range(0, S.shape[0], block):
+        rows = S[a:a + block]
+        if float((rows - S[:, a:a + block].T).abs().max()) > tol:
+            raise ValueError(f"{source}: the pooled scatter is not symmetric")
+        if bool((rows.abs() > torch.outer(root[a:a + block], root) + tol).any()):
+            raise ValueError(f"{source}: the pooled scatter is not positive semi-definite (a "
+                             "covariance larger than its variances allow)")
 
 
 def _grow(t: torch.Tensor, capacity: int) -> torch.Tensor:

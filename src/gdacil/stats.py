@@ -30,7 +30,15 @@ from typing import Any, ClassVar
 
 import torch
 
-from ._validation import as_features, as_labels, check_nonnegative, check_positive_int
+from ._validation import (
+    all_finite,
+    as_features,
+    as_labels,
+    check_covariances,
+    check_nonnegative,
+    check_positive_int,
+    first_nonfinite,
+)
 from .io import load_tensors, save_tensors
 from .linalg import psd_factor, symmetrize
 
@@ -181,7 +189,15 @@ class ClassStatistics(abc.ABC):
     # ------------------------------------------------------- building and editing
     def add_classes(self, labels: Sequence[int], means, covariances, counts) -> ClassStatistics:
         """Add new classes from their moments: means ``(k, d)``, covariances ``(k, d, d)`` and
-        counts ``(k,)``. Returns ``self``."""
+        counts ``(k,)``. Returns ``self``.
+
+        Refused with a ``ValueError`` naming the class, before anything changes: counts that are
+        not positive and finite, means or covariances with NaN or inf, covariances that are not
+        symmetric and positive semi-definite within round-off (see
+        :func:`~gdacil._validation.check_covariances`: one Cholesky per class), and what a
+        storage cannot hold exactly (dense statistics: a non-zero covariance for a class with
+        ``count <= ddof``, which they would store as zero).
+        """
         labels = as_labels(labels, name="labels").tolist()
         means = as_features(means, dim=self.dim, dtype=torch.float64, device=self.device,
                             name="means")
@@ -194,13 +210,9 @@ class ClassStatistics(abc.ABC):
                 f"{self.dim}) and counts (k,); got {tuple(means.shape)}, {tuple(covs.shape)}, "
                 f"{tuple(counts.shape)}"
             )
-        if not torch.isfinite(covs).all():
-            raise ValueError("add_classes: covariances contain NaN or inf")
-        if not torch.isfinite(counts).all() or (counts <= 0).any():
-            raise ValueError("add_classes: counts must be positive")
-        if (covs - covs.transpose(1, 2)).abs().amax() > 1e-8 * covs.abs().amax().clamp_min(1e-300):
-            raise ValueError("add_classes: covariances are not symmetric")
         self._check_new(labels)
+        _check_counts(counts, labels, "add_classes")
+        check_covariances(covs, labels, source="add_classes")
         self._add_moments(labels, counts, means, covs)
         return self
 
@@ -219,7 +231,10 @@ class ClassStatistics(abc.ABC):
         """Overwrite the means (and covariances) of ``labels`` in place. Returns ``self``.
 
         Counts are kept. With ``covariances=None`` only the means change (the covariances stay as
-        they are). Covariances are symmetrised. Compensators write their results block by block
+        they are). Covariances are symmetrised. In :class:`ClassGaussians`, a class with
+        ``count <= ddof`` keeps its zero covariance whatever is given for it (its covariance is
+        defined as zero), and covariances whose scatters would overflow float64 are refused
+        before anything changes. Compensators write their results block by block
         with this, so peak memory is one block, not all classes.
         """
         labels = [int(c) for c in labels]
@@ -485,14 +500,65 @@ class ClassStatistics(abc.ABC):
         target = ClassStatistics._formats.get(fmt) if cls is ClassStatistics else cls
         if target is None or fmt != target._FORMAT:
             raise ValueError(f"{path}: not a {cls.__name__} file (format {fmt!r})")
-        out = target(**{k: v for k, v in meta.items() if k != "format"}, device=device)
-        labels = tensors["labels"].tolist()
+        return target.from_tensors(tensors, {k: v for k, v in meta.items() if k != "format"},
+                                   source=str(path), device=device)
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor], config: dict[str, Any], *,
+                     source: str = "statistics", device: torch.device | str | None = None):
+        """Rebuild and validate statistics from the tensors and configuration :meth:`save` writes.
+
+        Every check names ``source`` (the file) and, where one is at fault, the class: the
+        configuration (e.g. ``ddof`` must be 0 or 1), the tensors' presence, dtypes and shapes,
+        unique labels, positive finite counts, finite means and the storage's own checks (dense:
+        finite symmetric PSD scatters, zero for classes with ``count <= ddof``; low-rank: see
+        :class:`~gdacil.LowRankGaussians`). Raises ``ValueError``.
+        """
+        ddof = config.get("ddof", 0)
+        if isinstance(ddof, bool) or not isinstance(ddof, int) or ddof not in (0, 1):
+            raise ValueError(f"{source}: ddof must be 0 or 1; got {ddof!r}")
+        try:
+            out = cls(**config, device=device)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{source}: invalid {cls.__name__} configuration {config}: {err}") \
+                from None
+        names = [name.lstrip("_") for name in (*cls._per_class, *cls._shared)]
+        missing = [n for n in ("labels", *names) if n not in tensors]
+        if missing:
+            raise ValueError(f"{source}: missing statistics tensors {missing}")
+        labels = tensors["labels"]
+        if labels.dtype != torch.int64 or labels.ndim != 1:
+            raise ValueError(f"{source}: labels must be a 1-D int64 tensor; got "
+                             f"{labels.dtype} of shape {tuple(labels.shape)}")
+        labels = labels.tolist()
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"{source}: repeated class labels")
+        for name in (*cls._per_class, *cls._shared):
+            t, want = tensors[name.lstrip("_")], getattr(out, name)
+            shape = (len(labels), *want.shape[1:]) if name in cls._per_class else tuple(want.shape)
+            if tuple(t.shape) != shape or not t.is_floating_point():
+                raise ValueError(f"{source}: {name.lstrip('_')} has dtype {t.dtype} and shape "
+                                 f"{tuple(t.shape)}; expected a floating tensor of shape {shape}")
+        rows = {name: tensors[name.lstrip("_")].to(device=out.device, dtype=getattr(out, name).dtype)
+                for name in cls._per_class}
+        _check_counts(rows["_counts"], labels, source)
+        bad = first_nonfinite(rows["_means"]) if len(labels) else -1
+        if bad >= 0:
+            raise ValueError(f"{source}: the mean of class {labels[bad]} contains NaN or inf")
+        shared = {name: tensors[name.lstrip("_")].to(device=out.device,
+                                                      dtype=getattr(out, name).dtype)
+                  for name in cls._shared}
+        out._check_loaded(labels, rows, shared, source)
         if labels:
-            out._append_rows(labels, {name: tensors[name.lstrip("_")].to(out.device)
-                                      for name in target._per_class})
-        for name in target._shared:
-            setattr(out, name, tensors[name.lstrip("_")].to(out.device))
+            out._append_rows(labels, rows)
+        for name, t in shared.items():
+            setattr(out, name, t)
         return out
+
+    def _check_loaded(self, labels: list[int], rows: dict[str, torch.Tensor],
+                      shared: dict[str, torch.Tensor], source: str) -> None:
+        """Raise ``ValueError`` (naming ``source`` and the class) unless the storage-specific
+        tensors read from a file are valid; counts and means are checked already."""
 
 
 class ClassGaussians(ClassStatistics):
@@ -602,10 +668,16 @@ class ClassGaussians(ClassStatistics):
                 other.counts.to(self.device),
                 other.means.to(self.device),
                 other.scatters.to(self.device),
+                "merge",
             )
         return self
 
-    def _combine(self, labels: list[int], n_b, mu_b, S_b) -> None:
+    def _combine(self, labels: list[int], n_b, mu_b, S_b, what: str = "update") -> None:
+        """Chan-merge a part (classes ``labels``, counts, means, scatters) into the statistics.
+
+        Transactional: the merged moments of every class are computed first, and if any is
+        NaN or inf (float64 overflow) a ``ValueError`` names the class and nothing changes.
+        """
         known = [i for i, c in enumerate(labels) if c in self._index]
         fresh = [i for i, c in enumerate(labels) if c not in self._index]
         if known:
@@ -615,15 +687,33 @@ class ClassGaussians(ClassStatistics):
             nb, mub = n_b[sel], mu_b[sel]
             n = n_a + nb
             delta = mub - mu_a
-            self._means[pos] = mu_a + delta * (nb / n)[:, None]
+            means = mu_a + delta * (nb / n)[:, None]
             outer = delta[:, :, None] * delta[:, None, :]
-            self._scatters[pos] = self._scatters[pos] + S_b[sel] + outer * (n_a * nb / n)[:, None, None]
+            scatters = self._scatters[pos] + S_b[sel] + outer * (n_a * nb / n)[:, None, None]
+            self._check_finite(what, [labels[i] for i in known], means, scatters)
+        if fresh:
+            sel_fresh = torch.tensor(fresh, device=self.device)
+            self._check_finite(what, [labels[i] for i in fresh], mu_b[sel_fresh], S_b[sel_fresh])
+        if known:
+            self._means[pos] = means
+            self._scatters[pos] = scatters
             self._counts[pos] = n
             for p in pos.tolist():
                 self._revisions[p] = _next_revisions(1)[0]
         if fresh:
-            sel = torch.tensor(fresh, device=self.device)
-            self._append([labels[i] for i in fresh], n_b[sel], mu_b[sel], S_b[sel])
+            self._append([labels[i] for i in fresh], n_b[sel_fresh], mu_b[sel_fresh],
+                         S_b[sel_fresh])
+
+    def _check_finite(self, what: str, labels: list[int], *moments: torch.Tensor) -> None:
+        """Refuse a change that would store NaN or inf ``moments`` (per-class tensors, in
+        ``labels`` order), naming the first such class."""
+        if all(all_finite(t) for t in moments):
+            return
+        bad = min(i for i in map(first_nonfinite, moments) if i >= 0)
+        raise ValueError(
+            f"ClassGaussians.{what}: the statistics of class {labels[bad]} would become NaN or "
+            "inf (float64 overflow: the values are too large for their squares to be summed); "
+            "nothing was changed. Rescale the features")
 
     def _append(self, labels: list[int], counts, means, scatters) -> None:
         self._append_rows(labels, {"_counts": counts, "_means": means, "_scatters": scatters})
@@ -642,7 +732,11 @@ class ClassGaussians(ClassStatistics):
     ) -> ClassGaussians:
         """Build statistics from given means ``(C, d)``, covariances ``(C, d, d)`` and counts ``(C,)``.
 
-        Counts are needed so that later updates and merges weigh the classes correctly.
+        Counts are needed so that later updates and merges weigh the classes correctly. The
+        moments are validated as :meth:`~ClassStatistics.add_classes` does: positive finite
+        counts, finite means, finite symmetric PSD covariances (within round-off), and a zero
+        covariance for any class with ``count <= ddof`` (a non-zero one is refused, not
+        dropped). ``ValueError`` names the first offending class.
         """
         means = as_features(means, name="means", dtype=torch.float64)
         stats = cls(means.shape[1], ddof=ddof, device=device)
@@ -650,12 +744,37 @@ class ClassGaussians(ClassStatistics):
         return stats
 
     def _add_moments(self, labels, counts, means, covs) -> None:
-        denom = (counts - self.ddof).clamp_min(0.0)
-        self._append(labels, counts, means, covs * denom[:, None, None])
+        self._append(labels, counts, means,
+                     self._scatters_of(labels, counts, covs, "add_classes", strict=True))
 
     def _write_covariances(self, labels, pos, covs) -> None:
-        denom = (self._counts[pos] - self.ddof).clamp_min(0.0)
-        self._scatters[pos] = covs * denom[:, None, None]
+        self._scatters[pos] = self._scatters_of(labels, self._counts[pos], covs, "set_moments",
+                                                strict=False)
+
+    def _scatters_of(self, labels: list[int], counts, covs, what: str, *,
+                     strict: bool) -> torch.Tensor:
+        """Scatters ``(n - ddof) Sigma``, refusing, before any change, scatters that overflow
+        float64. A class with ``n <= ddof`` has a zero scatter by definition: a non-zero
+        covariance for it is refused when ``strict`` (new classes) and dropped otherwise
+        (:meth:`set_moments` on existing classes, as documented there)."""
+        denom = counts - self.ddof
+        i = _nonzero_at_or_below_ddof(counts, covs, self.ddof) if strict else -1
+        if i >= 0:
+            raise ValueError(
+                f"{what}: class {labels[i]} has count {float(counts[i]):g} <= ddof={self.ddof}, "
+                "so its covariance is undefined (ClassGaussians hold it as zero), yet a non-zero "
+                "covariance was given; give a zero covariance or a count above ddof")
+        scatters = covs * denom.clamp_min(0.0)[:, None, None]
+        self._check_finite(what, labels, scatters)
+        return scatters
+
+    def _check_loaded(self, labels, rows, shared, source) -> None:
+        scatters, counts = rows["_scatters"], rows["_counts"]
+        check_covariances(scatters, labels, what="scatter", source=source)
+        i = _nonzero_at_or_below_ddof(counts, scatters, self.ddof)
+        if i >= 0:
+            raise ValueError(f"{source}: class {labels[i]} has count {float(counts[i]):g} <= "
+                             f"ddof={self.ddof} but a non-zero scatter")
 
     # ----------------------------------------------------------------- sampling
     def sampling_factors(self, labels: Sequence[int] | None = None, *, jitter: float = 0.0,
@@ -688,6 +807,23 @@ class ClassGaussians(ClassStatistics):
 
     def _deviations(self, factors, noise: torch.Tensor) -> torch.Tensor:
         return noise @ factors.to(device=self.device, dtype=torch.float64).transpose(1, 2)
+
+
+def _nonzero_at_or_below_ddof(counts: torch.Tensor, mats: torch.Tensor, ddof: int) -> int:
+    """Position of the first class with ``count <= ddof`` and a non-zero matrix (-1: none)."""
+    for i in (counts <= ddof).nonzero().flatten().tolist():
+        if bool(mats[i].any()):
+            return i
+    return -1
+
+
+def _check_counts(counts: torch.Tensor, labels: list[int], source: str) -> None:
+    """Refuse counts that are not positive and finite, naming the first such class."""
+    bad = ~(torch.isfinite(counts) & (counts > 0))
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise ValueError(f"{source}: counts must be positive and finite; class {labels[i]} has "
+                         f"count {float(counts[i])!r}")
 
 
 def _grow(t: torch.Tensor, capacity: int) -> torch.Tensor:

@@ -9,6 +9,13 @@ RGDA/QDA (``A_c = L_c^{-1}``, sign -1) and ``k = r`` for LR-RGDA (sign +1). The 
 rows ``[w_c; A_c]`` of all classes stacked as one ``(C, 1 + k, d)`` tensor, so scoring a block of
 classes is a single GEMM of the batch against ``(block * (1 + k), d)``, a bias add, and a squared
 norm over the ``k`` quadratic rows. Class blocks bound the peak memory of the score buffer.
+
+Scoring never fails silently. Parameters that do not fit the head's dtype are refused at
+``fit`` (after trying the exact fix of shifting every class's bias by one constant). Scores that
+overflow the dtype at prediction time (one fused min/max check per class block) are recomputed
+in float64 from the same parameters; ``decision_function`` then returns them shifted by their
+per-sample maximum, which changes neither ``argmax`` nor the softmax, and scores that are NaN
+or inf even in float64 raise a ``ValueError``: no class is ever predicted from a NaN row.
 """
 
 from __future__ import annotations
@@ -20,11 +27,12 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from .._validation import as_features, check_positive_int
+from .._validation import as_features, check_positive_int, finite_flag, first_nonfinite
 from ..errors import NotFittedError
 from ..stats import ClassGaussians, ClassStatistics
 
-__all__ = ["GaussianHead", "NotFittedError", "warn_unless_normalised"]
+__all__ = ["GaussianHead", "NotFittedError", "checked_parameters", "finite_scores",
+           "rescaled_scores", "warn_unless_normalised"]
 
 #: Largest ``|sum(priors) - 1|`` that passes without a warning (scikit-learn's LDA tolerance)
 PRIORS_SUM_TOL = 1e-5
@@ -47,6 +55,59 @@ def warn_unless_normalised(total: float) -> None:
     if abs(total - 1.0) > PRIORS_SUM_TOL:
         warnings.warn(f"The priors do not sum to 1 (they sum to {total:.6g}). Renormalizing",
                       UserWarning, stacklevel=4)
+
+
+def checked_parameters(owner, dtype: torch.dtype, device, weights: torch.Tensor,
+                       bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weights`` and ``bias`` in ``dtype`` on ``device`` (contiguous), refusing non-finite values.
+
+    A bias that overflows ``dtype`` only by its common magnitude is shifted by its maximum over
+    classes (its column 0 when it is ``(C, 1 + k)``: the linear bias, which adds to the score):
+    every score moves by the same constant, so ``argmax`` and the softmax are exact. Anything
+    else that is NaN or inf raises a ``ValueError`` naming ``owner``'s class, the dtype and what
+    to do.
+    """
+    name = type(owner).__name__
+    w = weights.to(device=device, dtype=dtype).contiguous()
+    b = bias.to(device=device, dtype=dtype).contiguous()
+    w_ok = bool(finite_flag(w))
+    if w_ok and bool(finite_flag(b)):
+        return w, b
+    if any(t.dtype == torch.float64 and not bool(finite_flag(t)) for t in (weights, bias)):
+        raise ValueError(f"{name}: building the head gave NaN or inf parameters (the statistics "
+                         "are too large or degenerate for it); rescale the features")
+    if w_ok:
+        b64 = bias.to(device=device, dtype=torch.float64)
+        column = b64[:, 0] if b64.ndim == 2 else b64
+        column -= column.max()
+        b = b64.to(dtype).contiguous()
+        if bool(finite_flag(b)):
+            return w, b
+    raise ValueError(
+        f"{name}: the head's parameters overflow {dtype} (its largest value is "
+        f"{torch.finfo(dtype).max:.3g}); fit it with dtype=torch.float64 or rescale the features")
+
+
+def finite_scores(owner, scores: torch.Tensor) -> torch.Tensor:
+    """``scores`` (float64, the fallback of an overflowing dtype), or a ``ValueError`` naming the
+    first sample whose scores are NaN or inf even so."""
+    if not bool(finite_flag(scores)):
+        raise ValueError(
+            f"{type(owner).__name__}: the scores of sample {first_nonfinite(scores)} are NaN or "
+            "inf even in float64: its features are too large for this head; rescale them")
+    return scores
+
+
+def rescaled_scores(owner, scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Float64 ``scores`` ``(n, C)`` shifted by their per-sample maximum, in ``dtype``.
+
+    The shift changes neither ``argmax`` nor the softmax; scores more than the dtype's range
+    below the best are clamped to its lowest finite value (their probability is 0 either way).
+    Raises ``ValueError`` if ``scores`` hold NaN or inf (:func:`finite_scores`).
+    """
+    scores = finite_scores(owner, scores)
+    scores = scores - scores.amax(1, keepdim=True)
+    return scores.clamp_min_(torch.finfo(dtype).min).to(dtype)
 
 
 class GaussianHead(ABC):
@@ -92,8 +153,7 @@ class GaussianHead(ABC):
         self.n_features_in_ = stats.dim
         log_priors = self._log_priors(stats)
         rows, bias, sign = self._build(stats, log_priors)
-        self.rows_ = rows.to(device=self.device_, dtype=self.dtype).contiguous()
-        self.bias_ = bias.to(device=self.device_, dtype=self.dtype).contiguous()
+        self.rows_, self.bias_ = checked_parameters(self, self.dtype, self.device_, rows, bias)
         self.sign_ = float(sign)
         return self
 
@@ -169,10 +229,33 @@ class GaussianHead(ABC):
             scores = scores + (0.5 * self.sign_) * torch.linalg.vecdot(Q, Q)
         return scores
 
+    def _sample_offset(self, X: torch.Tensor) -> torch.Tensor | None:
+        """A per-sample term ``(n, 1)`` that ``decision_function`` adds to every class's score
+        (``None``: none). It changes neither ``argmax`` nor the softmax."""
+        return None
+
     def _decision(self, X: torch.Tensor) -> torch.Tensor:
         out = torch.empty(X.shape[0], self.rows_.shape[0], dtype=self.dtype, device=self.device_)
         for start, stop, scores in self._score_blocks(X):
             out[:, start:stop] = scores
+        offset = self._sample_offset(X)
+        if offset is not None:
+            out += offset
+        if not bool(finite_flag(out)):  # overflow in the head's dtype: rescale in float64
+            out = rescaled_scores(self, self._scores64(X), self.dtype)
+        return out
+
+    def _scores64(self, X: torch.Tensor) -> torch.Tensor:
+        """Scores ``(n, C)`` in float64 from the head's parameters (upcast exactly): what scoring
+        falls back to when the head's dtype overflows. No per-sample offset."""
+        X = X.to(torch.float64)
+        C, rows_per_class, _ = self.rows_.shape
+        out = torch.empty(X.shape[0], C, dtype=torch.float64, device=self.device_)
+        block = self._block_size(rows_per_class, X.shape[0])
+        for start in range(0, C, block):
+            stop = min(C, start + block)
+            out[:, start:stop] = self._score_rows(X, self.rows_[start:stop].double(),
+                                                  self.bias_[start:stop].double())
         return out
 
     def decision_function(self, X) -> torch.Tensor:
@@ -184,15 +267,23 @@ class GaussianHead(ABC):
         return self._decision(self._prepare(X))
 
     def predict(self, X) -> torch.Tensor:
-        """Predicted class labels, without materialising the full score matrix."""
+        """Predicted class labels, without materialising the full score matrix.
+
+        Where a block's scores overflow the head's dtype, the labels come from float64 scores;
+        scores that are NaN or inf even then raise a ``ValueError``.
+        """
         X = self._prepare(X)
         best = torch.full((X.shape[0],), -torch.inf, dtype=self.dtype, device=self.device_)
         arg = torch.zeros(X.shape[0], dtype=torch.long, device=self.device_)
+        finite = torch.ones((), dtype=torch.bool, device=self.device_)
         for start, _, scores in self._score_blocks(X):
+            finite &= finite_flag(scores)
             val, idx = scores.max(1)
             better = val > best
             best = torch.where(better, val, best)
             arg = torch.where(better, idx + start, arg)
+        if not bool(finite):
+            arg = finite_scores(self, self._scores64(X)).argmax(1)
         return self.classes_[arg.cpu()]
 
     def predict_log_proba(self, X) -> torch.Tensor:

@@ -400,24 +400,5 @@ def _stats_from_tensors(tensors: dict, meta: dict, source: str) -> ClassStatisti
     target = ClassStatistics._formats.get(config.pop("format", None))
     if target is None:
         raise ValueError(f"{source}: unknown statistics format {meta.get('format')!r}")
-    stats = target(**config)
     part = {k.removeprefix("stats."): v for k, v in tensors.items() if k.startswith("stats.")}
-    missing = [n for n in ("labels", *(m.lstrip("_") for m in (*target._per_class, *target._shared)))
-               if n not in part]
-    if missing:
-        raise ValueError(f"{source}: missing statistics tensors {missing}")
-    labels = part["labels"].tolist()
-    for name in (*target._per_class, *target._shared):
-        t = part[name.lstrip("_")]
-        if t.is_floating_point() and not torch.isfinite(t).all():
-            raise ValueError(f"{source}: statistics tensor {name.lstrip('_')} holds NaN or inf")
-        if name in target._per_class and t.shape[0] != len(labels):
-            raise ValueError(f"{source}: {name.lstrip('_')} has {t.shape[0]} rows for "
-                             f"{len(labels)} classes")
-    if (part["counts"] <= 0).any():
-        raise ValueError(f"{source}: class counts must be positive")
-    if labels:
-        stats._append_rows(labels, {name: part[name.lstrip("_")] for name in target._per_class})
-    for name in target._shared:
-        setattr(stats, name, part[name.lstrip("_")])
-    return stats
+    return target.from_tensors(part, config, source=source)

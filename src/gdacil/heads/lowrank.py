@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from .._validation import check_positive_int
+from .._validation import all_finite, check_positive_int
 from ..linalg import class_top_eigh, logdet_from_cholesky, psd_cholesky, symmetrize
 from ..lowrank_stats import LowRankGaussians
 from ..stats import ClassGaussians, ClassStatistics
@@ -319,6 +319,10 @@ class LRRGDA(GaussianHead):
         sample_batch : int, default 2048
             Samples screened at a time (the bounds take a few ``(sample_batch, C)`` buffers).
 
+        Where a bound or a score overflows the head's dtype, the samples concerned are scored
+        densely as :meth:`decision_function` does (in float64, scores then shifted by their
+        per-sample maximum; a ``ValueError`` if even those are NaN or inf).
+
         Returns
         -------
         scores : tensor ``(n, k)``, labels : int64 tensor ``(n, k)``; best first.
@@ -339,7 +343,11 @@ class LRRGDA(GaussianHead):
         out_scores, out_idx, pairs, classes = [], [], 0, 0
         for start in range(0, X.shape[0], sample_batch):
             chunk = X[start:start + sample_batch]
-            scores, idx, n_pairs, n_classes = self._pruned_top_k(chunk, k, j, screen)
+            pruned = self._pruned_top_k(chunk, k, j, screen)
+            if pruned is None or not all_finite(pruned[0]):
+                # overflow in the head's dtype: score densely (rescaled in float64, or refused)
+                pruned = (*self._decision(chunk).topk(k, dim=1), chunk.shape[0] * C, C)
+            scores, idx, n_pairs, n_classes = pruned
             out_scores.append(scores)
             out_idx.append(idx)
             pairs += n_pairs
@@ -443,8 +451,11 @@ class LRRGDA(GaussianHead):
 
     def _pruned_top_k(self, X: torch.Tensor, k: int, j: int, dtype: torch.dtype):
         """Screen with ``j`` rows, then add rows in rounds (``j -> 3j -> ... -> r``) to the
-        pairs whose upper bound still reaches the ``k``-th best lower bound of their sample."""
+        pairs whose upper bound still reaches the ``k``-th best lower bound of their sample.
+        ``None`` where a bound overflows the head's dtype."""
         lin, lower, upper, sq_norm, margin = self._bounds(X, j, dtype)
+        if not (all_finite(lower) and all_finite(upper) and all_finite(margin)):
+            return None  # a bound overflowed, so pairs could be dropped wrongly: score densely
         screen = self._screening(j, dtype)
         r, half_kappa = self.rows_.shape[1] - 1, screen["half_kappa"]
         # the exact scores of the k best lower bounds: k classes score at least their minimum

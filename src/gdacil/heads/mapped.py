@@ -21,11 +21,11 @@ from typing import Any, ClassVar
 
 import torch
 
-from .._validation import as_features, as_labels, check_positive_int
+from .._validation import all_finite, as_features, as_labels, check_positive_int, finite_flag
 from ..feature_maps import FeatureMap
 from ..io import load_tensors, save_tensors
 from ..pooled_stats import PooledGaussians
-from .base import NotFittedError
+from .base import NotFittedError, checked_parameters, finite_scores, rescaled_scores
 
 __all__ = ["DEFAULT_MAX_BYTES", "MappedLinearHead", "check_budget", "dtype_from_name"]
 
@@ -240,8 +240,7 @@ class MappedLinearHead(ABC):
             raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit(X, y) first")
         if not hasattr(self, "coef_"):
             W, b = self._solve(self.stats_)
-            self.coef_ = W.to(self.dtype).contiguous()
-            self.intercept_ = b.to(self.dtype).contiguous()
+            self.coef_, self.intercept_ = checked_parameters(self, self.dtype, W.device, W, b)
 
     @property
     def classes_(self) -> torch.Tensor:
@@ -256,17 +255,36 @@ class MappedLinearHead(ABC):
         for start, stop, Z in self.feature_map_.iter_chunks(X, dtype=self.dtype):
             yield start, stop, torch.addmm(self.intercept_, Z, self.coef_.T)
 
+    def _scores64(self, X) -> torch.Tensor:
+        """Scores in float64 (map and weights upcast): the fallback when ``dtype`` overflows."""
+        W, b = self.coef_.double().T, self.intercept_.double()
+        return torch.cat([torch.addmm(b, Z, W) for _, _, Z in
+                          self.feature_map_.iter_chunks(X, dtype=torch.float64)])
+
     def decision_function(self, X) -> torch.Tensor:
-        """Scores ``(n, C)``, columns in the order of ``classes_``."""
+        """Scores ``(n, C)``, columns in the order of ``classes_``.
+
+        Where they overflow the head's dtype, they are recomputed in float64 and shifted by
+        their per-sample maximum (``argmax`` and the softmax unchanged); scores that are NaN or
+        inf even then raise a ``ValueError``.
+        """
         self._ensure_solved()
-        chunks = [scores for _, _, scores in self._score_chunks(X)]
-        return torch.cat(chunks)
+        out = torch.cat([scores for _, _, scores in self._score_chunks(X)])
+        if not all_finite(out):
+            out = rescaled_scores(self, self._scores64(X), self.dtype)
+        return out
 
     def predict(self, X) -> torch.Tensor:
-        """Predicted labels ``(n,)`` (int64), computed chunk by chunk."""
+        """Predicted labels ``(n,)`` (int64), computed chunk by chunk (from float64 scores where
+        the head's dtype overflows; a ``ValueError`` where even those are NaN or inf)."""
         self._ensure_solved()
-        idx = torch.cat([scores.argmax(1) for _, _, scores in self._score_chunks(X)])
-        return self.classes_[idx]
+        finite, idx = torch.ones((), dtype=torch.bool), []
+        for _, _, scores in self._score_chunks(X):
+            finite &= finite_flag(scores)
+            idx.append(scores.argmax(1))
+        if not bool(finite):
+            return self.classes_[finite_scores(self, self._scores64(X)).argmax(1)]
+        return self.classes_[torch.cat(idx)]
 
     def predict_proba(self, X) -> torch.Tensor:
         """``softmax`` of :meth:`decision_function` (see each head for what the scores mean)."""
@@ -330,7 +348,9 @@ class MappedLinearHead(ABC):
         if coef.shape != (stats.n_classes, stats.dim) or intercept.shape != (stats.n_classes,):
             raise ValueError(f"{path}: solved weights of shape {tuple(coef.shape)} do not match "
                              f"{stats.n_classes} classes in dimension {stats.dim}")
-        head.coef_, head.intercept_ = coef.to(head.dtype), intercept.to(head.dtype)
+        if not (all_finite(coef) and all_finite(intercept)):
+            raise ValueError(f"{path}: the solved weights contain NaN or inf")
+        head.coef_, head.intercept_ = checked_parameters(head, head.dtype, "cpu", coef, intercept)
         return head
 
     # ------------------------------------------------------------------ params

@@ -60,8 +60,7 @@ class NCM(GaussianHead):
             X = X / norms
         return X
 
-    def _decision(self, X):
-        scores = super()._decision(X)
-        if self.metric == "euclidean":
-            scores -= 0.5 * (X * X).sum(1, keepdim=True)
-        return scores
+    def _sample_offset(self, X):
+        if self.metric == "euclidean":  # -1/2 ||x||^2 completes -1/2 ||x - mu_c||^2
+            return -0.5 * (X * X).sum(1, keepdim=True)
+        return None

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from .._validation import check_nonnegative, check_positive_int
+from .._validation import check_nonnegative, check_positive_int, finite_flag
 from .base import GaussianHead, stack_rows
 
 __all__ = ["SGDHead"]
@@ -43,6 +43,9 @@ class SGDHead(GaussianHead):
     priors, device, dtype, class_batch_size
         See :class:`~gdacil.heads.base.GaussianHead`. Priors other than uniform shift the biases
         by ``log(C pi_c)``, since the pool is class-balanced.
+
+    Training that diverges (the loss or the weights become NaN or inf, e.g. with a far too
+    large ``lr``) stops at once with a ``ValueError`` naming the step and the learning rate.
 
     Attributes
     ----------
@@ -100,6 +103,11 @@ class SGDHead(GaussianHead):
         """The step budget ``T = base_steps + steps_per_class * C``."""
         return self.base_steps + self.steps_per_class * n_classes
 
+    def _diverged(self, step: int, total: int, what: str):
+        raise ValueError(
+            f"SGDHead: training diverged at step {step} of {total}: {what}; the learning rate "
+            f"lr={self.lr!r} is too large for these statistics: lower it (and min_lr)")
+
     def _build(self, stats, log_priors):
         C, d = stats.n_classes, stats.dim
         gen = torch.Generator().manual_seed(self.random_state)
@@ -125,10 +133,17 @@ class SGDHead(GaussianHead):
                 loss = torch.nn.functional.cross_entropy(torch.addmm(b, X[idx], W.T), target[idx])
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
-                opt.step()
+                try:
+                    opt.step()
+                except RuntimeError as err:  # a step size beyond the float32 range
+                    if "overflow" not in str(err):
+                        raise
+                    self._diverged(step + 1, total, f"the optimiser step failed ({err})")
                 sched.step()
                 step += 1
                 value = float(loss.detach())
+                if not math.isfinite(value):
+                    self._diverged(step, total, f"the loss became {value}")
                 smoothed = value if smoothed is None else self.ema * smoothed + (1 - self.ema) * value
                 if smoothed < best * (1.0 - 1e-4):  # loss >= 0
                     best, since_best = smoothed, 0
@@ -140,6 +155,8 @@ class SGDHead(GaussianHead):
             if self.patience is not None and since_best >= self.patience:
                 break
         self.n_steps_ = step
+        if not bool(finite_flag(W.detach())) or not bool(finite_flag(b.detach())):
+            self._diverged(step, total, "the weights became NaN or inf")
         # trained on (x - center) / unit: fold the standardisation into the weights
         W = W.detach().double().cpu() / unit
         bias = b.detach().double().cpu() - W @ center + log_priors + math.log(C)
