@@ -478,7 +478,7 @@ def test_pruned_top_k_equals_dense_top_k(dtype, screen_dtype, spread):
     dense_scores, dense_labels = head.top_k(queries, 5, pruned=False)
     assert torch.equal(dense_labels[:, 0], head.predict(queries))
     for screen_rank in (0, 2, 5):
-        scores, labels = head.top_k(queries, 5, screen_rank=screen_rank, sample_batch=16,
+        scores, labels = head.top_k(queries, 5, pruned=True, screen_rank=screen_rank, sample_batch=16,
                                     screen_dtype=screen_dtype)
         assert torch.equal(labels, dense_labels)
         # the remaining rows are added to the screened part: rounding at the scale of the scores
@@ -487,6 +487,32 @@ def test_pruned_top_k_equals_dense_top_k(dtype, screen_dtype, spread):
     if spread == 4.0:
         assert head.last_pruning_["pairs_scored_fraction"] < 0.5
         assert head.last_pruning_["screen_dtype"] == str(screen_dtype).removeprefix("torch.")
+
+
+@pytest.mark.parametrize(("spread", "k", "mode"), [(4.0, 1, "pruned"), (0.5, 30, "dense")])
+def test_auto_pruning_follows_the_pilot_pass_rate_and_stays_exact(spread, k, mode, monkeypatch):
+    import gdacil.heads.lowrank as lowrank
+
+    monkeypatch.setattr(lowrank, "AUTO_PILOT", 16)  # a pilot batch, then 16-sample batches
+    stats, queries = pruning_problem(spread)
+    head = LRRGDA(rank=6).fit(stats)
+    dense_scores, dense_labels = head.top_k(queries, k, pruned=False)
+    scores, labels = head.top_k(queries, k, screen_rank=2, sample_batch=16)  # pruned="auto"
+    assert head.last_pruning_["mode"] == mode
+    assert torch.equal(labels, dense_labels)
+    scale = float(dense_scores.abs().max()) * torch.finfo(torch.float64).eps
+    torch.testing.assert_close(scores, dense_scores, rtol=0, atol=64 * scale)
+    fraction = head.last_pruning_["pairs_scored_fraction"]
+    pilot = head.top_k(queries[:16], k, pruned=True, screen_rank=2)
+    pilot_fraction = head.last_pruning_["pairs_scored_fraction"]
+    assert torch.equal(pilot[1], dense_labels[:16])
+    if mode == "pruned":  # the pilot passed few pairs, so every batch was pruned
+        assert pilot_fraction <= lowrank.AUTO_MAX_PASS and fraction < 0.5
+    else:  # most pairs passed: after the pilot every pair was scored densely
+        assert pilot_fraction > lowrank.AUTO_MAX_PASS
+        assert fraction == pytest.approx((16 * pilot_fraction + len(queries) - 16) / len(queries))
+    with pytest.raises(ValueError, match="pruned must be 'auto', True or False"):
+        head.top_k(queries, k, pruned="sometimes")
 
 
 @pytest.mark.parametrize(("dtype", "screen_dtype"), SCREENINGS)
@@ -519,7 +545,7 @@ def test_lowered_screening_prunes_nearly_as_well():
     head = LRRGDA(rank=6, dtype=torch.float32).fit(stats)
     fractions = {}
     for screen_dtype in (torch.float32, torch.bfloat16):
-        head.top_k(queries, 1, screen_rank=2, screen_dtype=screen_dtype)
+        head.top_k(queries, 1, pruned=True, screen_rank=2, screen_dtype=screen_dtype)
         fractions[screen_dtype] = head.last_pruning_["pairs_scored_fraction"]
     assert fractions[torch.bfloat16] <= 1.5 * fractions[torch.float32] + 0.01
 
@@ -549,7 +575,7 @@ def test_auto_screening_precision_follows_the_cpu(monkeypatch, native, dtype, ex
         monkeypatch.setattr(torch.cpu, name, lambda: native, raising=False)
     stats, queries = pruning_problem()
     head = LRRGDA(rank=6, dtype=dtype).fit(stats)
-    head.top_k(queries, 1, screen_rank=2)
+    head.top_k(queries, 1, pruned=True, screen_rank=2)
     assert head.last_pruning_["screen_dtype"] == expected
 
 
@@ -582,7 +608,7 @@ def test_pruned_rounds_score_pairs_like_a_direct_computation(monkeypatch, dense_
     torch.testing.assert_close(got, Z.square().sum(1), rtol=1e-12, atol=1e-12)
     dense_scores, dense_labels = head.top_k(queries, 3, pruned=False)
     for j in (0, 1, 2):
-        scores, labels = head.top_k(queries, 3, screen_rank=j)
+        scores, labels = head.top_k(queries, 3, pruned=True, screen_rank=j)
         assert torch.equal(labels, dense_labels)
         torch.testing.assert_close(scores, dense_scores, rtol=0, atol=1e-10)
 
@@ -604,7 +630,7 @@ def test_pruned_top_k_equals_dense_top_k_on_real_features():
         head = LRRGDA(rank=16, dtype=dtype).fit(stats)
         dense_scores, dense_labels = head.top_k(X, 5, pruned=False)
         for screen_dtype in (dtype, torch.bfloat16):
-            scores, labels = head.top_k(X, 5, screen_rank=4, sample_batch=64,
+            scores, labels = head.top_k(X, 5, pruned=True, screen_rank=4, sample_batch=64,
                                         screen_dtype=screen_dtype)
             assert torch.equal(labels, dense_labels)
             scale = float(dense_scores.abs().max()) * torch.finfo(dtype).eps
@@ -650,3 +676,19 @@ def test_identity_scale_is_recorded_and_falls_back_for_classes_without_variance(
     assert RGDA().fit(scaled).identity_scale_ == pytest.approx(9.0, rel=1e-12)
     with pytest.raises(ValueError, match="identity_scale must be one of"):
         LRRGDA(identity_scale="relative").fit(stats)
+
+
+def test_predict_of_many_classes_takes_the_pruned_argmax(monkeypatch):
+    import gdacil.heads.lowrank as lowrank
+
+    stats, queries = pruning_problem(4.0)
+    head = LRRGDA(rank=6).fit(stats)
+    dense = head.decision_function(queries).argmax(1)
+    monkeypatch.setattr(lowrank, "PRUNED_PREDICT_CLASSES", 10)  # 40 classes count as many
+    head.__dict__.pop("last_pruning_", None)
+    assert torch.equal(head.predict(queries), head.classes_[dense])
+    assert head.last_pruning_["mode"] == "pruned"
+    monkeypatch.setattr(lowrank, "PRUNED_PREDICT_CLASSES", 1000)
+    head.__dict__.pop("last_pruning_", None)
+    assert torch.equal(head.predict(queries), head.classes_[dense])
+    assert not hasattr(head, "last_pruning_")  # dense

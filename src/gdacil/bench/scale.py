@@ -183,7 +183,7 @@ def measure(C: int, cfg: ScaleBenchConfig) -> dict:
 def _pruned(head, X, k, screen_rank, screen, dense_s, dense_scores, dense_labels) -> dict:
     """Speed and exactness of the pruned top-``k`` with one screening precision."""
     def run():
-        return head.top_k(X, k, screen_rank=screen_rank, screen_dtype=screen)
+        return head.top_k(X, k, pruned=True, screen_rank=screen_rank, screen_dtype=screen)
 
     pruned_s = best_time(run)
     scores, labels = run()

@@ -36,6 +36,16 @@ from .rgda import PAPER_ALPHAS, base_covariance_terms, check_alphas, check_ident
 
 __all__ = ["LRRGDA"]
 
+#: ``top_k(pruned="auto")``: samples in the pilot batch, and the largest fraction of its
+#: (sample, class) pairs passing the screening for which pruning goes on. In ``gdacil bench
+#: scale`` pruning was 0.7-0.8x dense where 80-86% of the pairs passed and 3.7-4.8x where 3-4%
+#: did; the cost of a passing pair is about 1.5-3.7 dense pairs, so pruning wins below about
+#: a quarter.
+AUTO_PILOT = 256
+AUTO_MAX_PASS = 0.25
+#: From this many classes ``predict`` takes the exact pruned argmax (``top_k(X, 1)``, "auto"):
+#: 3.7-4.8x dense at 1,000 classes in ``gdacil bench scale``; smaller heads score densely
+PRUNED_PREDICT_CLASSES = 1000
 #: Classes (of those with candidate pairs) per batched GEMM when the pruned top-k scores its pairs
 _RESCORE_CLASSES = 16
 #: ... scored against every sample (one plain GEMM, no gather) when one of them needs at least
@@ -277,8 +287,18 @@ class LRRGDA(GaussianHead):
         self.linear_bias_ = self.bias_[:, 0].contiguous()
         return self
 
+    def predict(self, X) -> torch.Tensor:
+        """Predicted class labels. From :data:`PRUNED_PREDICT_CLASSES` classes on, the exact
+        pruned argmax of :meth:`top_k` (``pruned="auto"``: it falls back to dense scoring where
+        pruning would not pay); the dense argmax otherwise. Both give the dense argmax (up to
+        exact ties between classes)."""
+        rows = getattr(self, "rows_", None)  # unfitted: the base class says so
+        if rows is not None and rows.shape[0] >= PRUNED_PREDICT_CLASSES and rows.shape[1] > 5:
+            return self.top_k(X, 1)[1][:, 0]
+        return super().predict(X)
+
     # ------------------------------------------------------- pruned inference
-    def top_k(self, X, k: int = 5, *, pruned: bool = True, screen_rank: int = 4,
+    def top_k(self, X, k: int = 5, *, pruned="auto", screen_rank: int = 4,
               screen_dtype="auto", sample_batch: int = 2048):
         """The ``k`` best classes of every sample and their scores, exactly as the dense scores rank them.
 
@@ -308,8 +328,12 @@ class LRRGDA(GaussianHead):
         ----------
         X : array-like ``(n, d)``
         k : int, default 5
-        pruned : bool, default True
-            ``False`` scores every class densely.
+        pruned : "auto" or bool, default "auto"
+            ``True`` prunes every sample batch, ``False`` scores every class densely. "auto"
+            prunes the first batch (at most ``AUTO_PILOT`` samples) and goes on pruning only if
+            fewer than ``AUTO_MAX_PASS`` of its (sample, class) pairs passed the screening;
+            otherwise the rest is scored densely, which is then as fast or faster (see
+            ``benchmarks/scale.md``). Either way the result is exact.
         screen_rank : int, default 4
             Quadratic rows per class in the screening pass.
         screen_dtype : "auto", torch.dtype or str, default "auto"
@@ -336,27 +360,45 @@ class LRRGDA(GaussianHead):
             raise ValueError(f"k = {k} exceeds the number of classes ({C})")
         j = min(check_positive_int(screen_rank, "screen_rank", minimum=0), rows_per_class - 1)
         screen = self._screen_dtype(screen_dtype) if j else self.dtype
-        if not pruned or j == rows_per_class - 1:
+        if pruned not in ("auto", True, False):
+            raise ValueError(f"pruned must be 'auto', True or False; got {pruned!r}")
+        if not pruned or j == rows_per_class - 1 or not X.shape[0]:
             scores, idx = self._decision(X).topk(k, dim=1)
             return scores, self.classes_[idx.cpu()]
         sample_batch = check_positive_int(sample_batch, "sample_batch")
-        out_scores, out_idx, pairs, classes = [], [], 0, 0
-        for start in range(0, X.shape[0], sample_batch):
-            chunk = X[start:start + sample_batch]
-            pruned = self._pruned_top_k(chunk, k, j, screen)
-            if pruned is None or not all_finite(pruned[0]):
-                # overflow in the head's dtype: score densely (rescaled in float64, or refused)
-                pruned = (*self._decision(chunk).topk(k, dim=1), chunk.shape[0] * C, C)
-            scores, idx, n_pairs, n_classes = pruned
-            out_scores.append(scores)
-            out_idx.append(idx)
-            pairs += n_pairs
-            classes += n_classes * len(chunk)
+        parts, mode = [], "pruned"
+        starts = list(range(0, X.shape[0], sample_batch))
+        if pruned == "auto" and X.shape[0]:  # a pilot batch decides for the rest
+            pilot = min(AUTO_PILOT, X.shape[0])
+            parts.append(self._pruned_or_dense(X[:pilot], k, j, screen))
+            if parts[0][2] > AUTO_MAX_PASS * pilot * C:
+                mode = "dense"
+            starts = list(range(pilot, X.shape[0], sample_batch))
+        if mode == "dense" and starts:
+            rest = X[starts[0]:]
+            parts.append((*self._decision(rest).topk(k, dim=1), rest.shape[0] * C, C))
+        else:
+            parts += [self._pruned_or_dense(X[a:a + sample_batch], k, j, screen) for a in starts]
+        out_scores = [p[0] for p in parts]
+        out_idx = [p[1] for p in parts]
+        pairs = sum(p[2] for p in parts)
+        classes = sum(p[3] * len(p[0]) for p in parts)
         self.last_pruning_ = {"pairs_scored_fraction": pairs / (X.shape[0] * C),
                               "classes_scored_fraction": classes / (X.shape[0] * C),
                               "screen_rank": j,
-                              "screen_dtype": str(screen).removeprefix("torch.")}
+                              "screen_dtype": str(screen).removeprefix("torch."),
+                              "mode": mode}
         return torch.cat(out_scores), self.classes_[torch.cat(out_idx).cpu()]
+
+    def _pruned_or_dense(self, X, k: int, j: int, screen):
+        """``(scores, idx, pairs scored, classes scored)`` of the pruned top-k of ``X``, or of the
+        dense scores where a bound or score overflows the head's dtype (rescaled in float64, or
+        refused)."""
+        result = self._pruned_top_k(X, k, j, screen)
+        if result is None or not all_finite(result[0]):
+            C = self.rows_.shape[0]
+            result = (*self._decision(X).topk(k, dim=1), X.shape[0] * C, C)
+        return result
 
     def _screen_dtype(self, requested) -> torch.dtype:
         if isinstance(requested, str) and requested == "auto":
