@@ -135,14 +135,19 @@ class _SeedRun:
         return draw_anchors(self.tasks, a.n, seed=a.seed, pool=a.pool) if a.n else ()
 
     def features(self, ids) -> torch.Tensor:
-        """Features of ``ids`` in order. Under torch.distributed each rank extracts (and caches,
-        under its own key) its contiguous shard, and every rank gets all the rows."""
+        """Features of ``ids`` in order, cached under the samples' content hashes (a sample
+        changed under the same id is extracted again). Under torch.distributed each rank
+        extracts (and caches, under its own key) its contiguous shard, and every rank gets all
+        the rows."""
+        from ..data.anchors import content_hashes
+
         progress = self.cfg.progress and distributed.is_main_process()
         namespace = self.tasks.cache_namespace
         if self.external is not None and any(map(self.external.owns, ids)):
             namespace = sha256_json([namespace, self.external.cache_namespace])
-        mine = self.cache.get_or_compute(self.backbone, distributed.shard(ids), self._load,
-                                         namespace=namespace,
+        shard = distributed.shard(ids)
+        mine = self.cache.get_or_compute(self.backbone, shard, self._load, namespace=namespace,
+                                         content=content_hashes(shard, self.tasks, self.external),
                                          batch_size=self.cfg.backbone.batch_size,
                                          progress=progress, num_workers=self.num_workers)
         return distributed.all_gather_rows(mine)

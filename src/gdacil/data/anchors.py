@@ -26,7 +26,7 @@ from ..hashing import sha256_json
 from .base import Dataset
 from .protocol import TaskSequence
 
-__all__ = ["ANCHOR_POOLS", "ExternalAnchors", "anchor_pool", "draw_anchors"]
+__all__ = ["ANCHOR_POOLS", "ExternalAnchors", "anchor_pool", "content_hashes", "draw_anchors"]
 
 ANCHOR_POOLS = ("outside", "unused", "both")
 
@@ -60,6 +60,11 @@ def draw_anchors(
     """Draw ``n`` anchor ids without replacement from :func:`anchor_pool`, with
     ``numpy.random.default_rng(seed)``; returned sorted. Load them with ``tasks.load(ids)``.
 
+    When ``tasks`` was built against a manifest, the anchors' content is recorded there (under
+    their pool, count and seed) or, on a rerun, checked against it
+    (:meth:`TaskSequence.check_or_record_anchors`): an anchor whose content changed under the
+    same id raises :class:`~gdacil.data.ManifestMismatchError`.
+
     Raises ``ValueError`` when the pool holds fewer than ``n`` samples.
     """
     candidates = anchor_pool(tasks, pool)
@@ -69,7 +74,9 @@ def draw_anchors(
             f"samples; ask for fewer or use pool='both'"
         )
     pick = np.random.default_rng(seed).choice(len(candidates), size=n, replace=False)
-    return tuple(candidates[i] for i in np.sort(pick))
+    ids = tuple(candidates[i] for i in np.sort(pick))
+    tasks.check_or_record_anchors(ids, f"pool={pool} n={n} seed={seed}")
+    return ids
 
 
 class ExternalAnchors:
@@ -116,11 +123,31 @@ class ExternalAnchors:
         """What defines the raw samples behind the ids (the dataset and its options)."""
         return sha256_json(["external anchors", self.dataset.name, self.dataset.config()])
 
-    def load(self, ids) -> list:
-        """Raw samples of external anchor ids, in order."""
+    def _local(self, ids) -> list[str]:
         prefix = f"{self.PREFIX}{self.dataset.name}:"
         bad = [i for i in ids if not i.startswith(prefix)]
         if bad:
             raise ValueError(f"not anchors of {self.dataset.name!r}: {bad[:5]}")
-        return self.dataset.load([i[len(prefix):] for i in ids])
+        return [i[len(prefix):] for i in ids]
 
+    def load(self, ids) -> list:
+        """Raw samples of external anchor ids, in order."""
+        return self.dataset.load(self._local(ids))
+
+    def content_hashes(self, ids) -> list[str]:
+        """:meth:`Dataset.content_hashes` of external anchor ids, in order."""
+        return self.dataset.content_hashes(self._local(ids))
+
+
+
+def content_hashes(ids, tasks: TaskSequence, external: ExternalAnchors | None = None) -> list[str]:
+    """Content hashes of a mix of task ids and ``external`` anchor ids, in order (what the
+    runner puts in its feature-cache keys)."""
+    if external is None:
+        return tasks.content_hashes(ids)
+    out: list = [None] * len(ids)
+    for owner, hashes in ((True, external.content_hashes), (False, tasks.content_hashes)):
+        positions = [k for k, i in enumerate(ids) if external.owns(i) == owner]
+        for k, h in zip(positions, hashes([ids[k] for k in positions]) if positions else ()):
+            out[k] = h
+    return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..hashing import sha256_json, sha256_strings
+from ..hashing import array_header, file_sha256s, sha256_json, sha256_sample, sha256_strings
 from ..registry import UnknownNameError
 
 __all__ = [
@@ -78,7 +79,8 @@ class Dataset(abc.ABC):
 
     Subclasses implement :meth:`classes`, :meth:`index` and :meth:`load`, set :attr:`name`,
     :attr:`modality` and :attr:`splits`, and may override :meth:`unlabelled` (samples outside
-    every class: a pool of anchors) and :meth:`config`.
+    every class: a pool of anchors), :meth:`config` and :meth:`content_hashes` (the default
+    loads every sample to hash it; file-backed datasets hash the files instead).
     """
 
     #: Registry name.
@@ -105,6 +107,25 @@ class Dataset(abc.ABC):
     def unlabelled(self) -> tuple[str, ...]:
         """Ids of samples outside every class (for anchors); none by default."""
         return ()
+
+    def content_hashes(self, ids: Sequence[str]) -> list[str]:
+        """Hex sha256 of the content behind each id, in order: what manifests and feature-cache
+        keys record, so that a sample whose bytes change under the same id is noticed.
+
+        The default loads the samples (in batches of 64) and hashes each
+        (:func:`gdacil.hashing.sha256_sample`: a text's UTF-8 bytes, an image's mode, size and
+        pixels). Datasets override it with something cheaper: the bytes of the sample's file,
+        memoised by size and modification time (:meth:`file_hashes`), the text in memory, or
+        the sample's bytes in an array.
+        """
+        ids = list(ids)
+        return [sha256_sample(raw) for s in range(0, len(ids), 64)
+                for raw in self.load(ids[s : s + 64])]
+
+    def file_hashes(self, root: Path, ids: Sequence[str]) -> list[str]:
+        """:meth:`content_hashes` of samples stored one per file, ``root / id``: the sha256 of
+        each file's bytes, memoised on disk (:func:`gdacil.hashing.file_sha256s`)."""
+        return file_sha256s([root / sid for sid in ids])
 
     def config(self) -> dict:
         """JSON-able options that define this dataset's content (not where it is stored)."""
@@ -169,6 +190,7 @@ class ArrayDataset(Dataset):
     def __init__(self):
         self._arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._indices: dict[str, SampleIndex] = {}
+        self._hashes: dict[str, str] = {}
 
     @abc.abstractmethod
     def _read(self, split: str) -> tuple[np.ndarray, np.ndarray]:
@@ -189,15 +211,36 @@ class ArrayDataset(Dataset):
             self._indices[split] = SampleIndex(ids, labels)
         return self._indices[split]
 
+    def _image(self, sid: str) -> np.ndarray:
+        split, _, num = sid.partition("/")
+        if split not in self.splits or not num.isdigit():
+            raise UnknownNameError(
+                f"not a {self.name} sample id: {sid!r} (expected '<split>/<number>')"
+            )
+        return self._split(split)[0][int(num)]
+
     def load(self, ids: Sequence[str]) -> list:
         from PIL import Image
 
-        out = []
+        return [Image.fromarray(np.ascontiguousarray(self._image(sid))) for sid in ids]
+
+    def content_hashes(self, ids: Sequence[str]) -> list[str]:
+        """The sha256 of each sample's bytes in the split's array, with its dtype and shape
+        (:func:`gdacil.hashing.sha256_sample`): the array :meth:`load` reads from, held in
+        memory once read, so this costs a few microseconds per sample, memoised per id."""
+        out, headers = [], {}
         for sid in ids:
-            split, _, num = sid.partition("/")
-            if split not in self.splits or not num.isdigit():
-                raise UnknownNameError(
-                    f"not a {self.name} sample id: {sid!r} (expected '<split>/<number>')"
-                )
-            out.append(Image.fromarray(np.ascontiguousarray(self._split(split)[0][int(num)])))
+            digest = self._hashes.get(sid)
+            if digest is None:
+                image = self._image(sid)
+                if not image.flags.c_contiguous:
+                    digest = sha256_sample(image)
+                else:
+                    key = (image.dtype, image.shape)
+                    header = headers.get(key) or headers.setdefault(key, array_header(*key))
+                    h = hashlib.sha256(header)
+                    h.update(image.data)
+                    digest = h.hexdigest()
+                self._hashes[sid] = digest
+            out.append(digest)
         return out

@@ -2,7 +2,9 @@
 
 A cache entry is keyed by the sha256 of: the backbone's :meth:`~gdacil.backbones.Backbone.
 fingerprint` (its weights, including any adaptation, and its preprocessing), the ordered sample
-ids, and an optional ``namespace`` (e.g. the dataset identity). Change any weight, preprocessing
+ids, the samples' content hashes (:meth:`gdacil.data.Dataset.content_hashes`: a sample whose
+bytes change under the same id gets a new key, so it is extracted again, never served stale),
+and an optional ``namespace`` (e.g. the dataset identity). Change any weight, preprocessing
 option or sample, and the key changes. Entries live in ``<root>/<key[:2]>/<key>.safetensors``
 with the key's inputs stored as metadata and checked on load.
 
@@ -19,6 +21,7 @@ import os
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -105,7 +108,7 @@ def _prepared_chunks(backbone, chunks, load, batch_size: int, num_workers: int):
 
 
 class FeatureCache:
-    """Features on disk, keyed by backbone fingerprint and sample ids.
+    """Features on disk, keyed by backbone fingerprint, sample ids and sample contents.
 
     Parameters
     ----------
@@ -126,18 +129,28 @@ class FeatureCache:
         self.hits = 0
         remove_stale_temp_files(self.root, recursive=True)
 
-    def key(self, fingerprint: str, ids: Sequence[str], namespace: str = "") -> str:
-        """The entry key for a backbone ``fingerprint``, ordered ``ids`` and ``namespace``."""
-        return sha256_json(self._key_inputs(fingerprint, ids, namespace))
+    def key(self, fingerprint: str, ids: Sequence[str], namespace: str = "",
+            content: Sequence[str] | None = None) -> str:
+        """The entry key for a backbone ``fingerprint``, ordered ``ids``, ``namespace`` and the
+        samples' ``content`` hashes (one per id; ``None``: the ids alone, as before content was
+        hashed)."""
+        return sha256_json(self._key_inputs(fingerprint, ids, namespace, content))
 
     @staticmethod
-    def _key_inputs(fingerprint: str, ids: Sequence[str], namespace: str) -> dict:
-        return {
+    def _key_inputs(fingerprint: str, ids: Sequence[str], namespace: str,
+                    content: Sequence[str] | None = None) -> dict:
+        inputs = {
             "backbone": fingerprint,
             "ids_sha256": sha256_strings(ids),
             "n": len(ids),
             "namespace": namespace,
         }
+        if content is not None:
+            content = list(content)
+            if len(content) != len(ids):
+                raise ValueError(f"{len(content)} content hashes for {len(ids)} ids")
+            inputs["content_sha256"] = sha256_strings(content)
+        return inputs
 
     def path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.safetensors"
@@ -169,6 +182,7 @@ class FeatureCache:
         load: Callable[[Sequence[str]], list],
         *,
         namespace: str = "",
+        content: Any = "auto",
         batch_size: int = 64,
         progress: bool = False,
         load_batches: int = 16,
@@ -185,11 +199,21 @@ class FeatureCache:
             ``load(ids) -> raw samples``.
         namespace : str
             Extra key text, e.g. a dataset identity hash when ids alone are ambiguous.
+        content : sequence of str, callable, None or "auto"
+            The samples' content hashes, one per id, or ``content(ids)`` returning them, so that
+            a sample whose bytes changed under the same id is extracted again. ``"auto"``
+            (default): ``load.__self__.content_hashes`` when ``load`` is a bound method of an
+            object that has one (``Dataset.load``, ``TaskSequence.load``,
+            ``ExternalAnchors.load``), else none. ``None``: the key covers the ids only.
         batch_size, progress, load_batches, num_workers
             See :func:`extract_features` (the workers change no feature, so not the key).
         """
         ids = list(ids)
-        inputs = self._key_inputs(backbone.fingerprint(), ids, namespace)
+        if isinstance(content, str) and content == "auto":
+            content = getattr(getattr(load, "__self__", None), "content_hashes", None)
+        if callable(content):
+            content = content(ids)
+        inputs = self._key_inputs(backbone.fingerprint(), ids, namespace, content)
         key = sha256_json(inputs)
         try:
             cached = self.get(key)

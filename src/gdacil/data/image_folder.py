@@ -339,5 +339,9 @@ class ImageFolder(Dataset):
     def load(self, ids: Sequence[str]) -> list:
         return [open_image(self.root / sid, max_side=self.max_side) for sid in ids]
 
+    def content_hashes(self, ids: Sequence[str]) -> list[str]:
+        """The sha256 of each image file, memoised by size and modification time."""
+        return self.file_hashes(self.root, ids)
+
     def config(self) -> dict:
         return {"layout": "/".join(self.splits)}

@@ -93,6 +93,10 @@ class Openclipart(ListedDataset):
             open_image(self.root / sid, max_side=self.max_side, trusted_large=True) for sid in ids
         ]
 
+    def content_hashes(self, ids: Sequence[str]) -> list[str]:
+        """The sha256 of each PNG file, memoised by size and modification time."""
+        return self.file_hashes(self.root, ids)
+
     def config(self) -> dict:
         return {
             "min_images": self.min_images,

@@ -24,10 +24,15 @@ fewer, the class is divided in the ratio of the caps; with one cap or none, ``te
 the class goes to test (then capped). Sample ids are ``"<dataset>:<id>"``.
 
 The manifest (JSON) records the protocol, each dataset's identity (options and a hash of its full
-file listing), the class order and every task's sample ids and labels, with a sha256 of all of
-it. Rebuilding against a manifest that differs in any of these (files added or removed, another
-class order, another seed...) is refused with :class:`ManifestMismatchError`; a manifest edited by
-hand fails its checksum.
+file listing), the class order and every task's sample ids, labels and content (a sha256 over the
+per-sample content hashes of :meth:`Dataset.content_hashes`, in order, and the first 16 hex
+digits of each, to name a changed sample), with a sha256 of all of it. Anchors drawn from the
+protocol's datasets (:func:`~gdacil.data.draw_anchors`) are recorded there too. Rebuilding
+against a manifest that differs in any of these (files added or removed, a sample whose bytes
+changed under the same id, another class order, another seed...) is refused with
+:class:`ManifestMismatchError`; a manifest edited by hand fails its checksum. A manifest written
+before contents were hashed (format ``gdacil.protocol-manifest/1``) is checked for everything it
+holds and then upgraded in place with the content hashes of the current data, with a warning.
 """
 
 from __future__ import annotations
@@ -35,20 +40,26 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
 
-from ..hashing import sha256_json
+from ..hashing import sha256_json, sha256_strings
 from ..io import atomic_write_text
 from ..registry import UnknownNameError
 from .base import Dataset, SampleIndex
 
 __all__ = ["ManifestMismatchError", "Protocol", "Task", "TaskSequence", "split_id"]
 
-MANIFEST_FORMAT = "gdacil.protocol-manifest/1"
+MANIFEST_FORMAT = "gdacil.protocol-manifest/2"
+#: Manifests written before sample contents were hashed: accepted, then upgraded in place.
+LEGACY_MANIFEST_FORMAT = "gdacil.protocol-manifest/1"
+#: Hex digits of each sample's content hash kept in a manifest (to name a changed sample; the
+#: split's full ``content_sha256`` is what is checked).
+SHORT_HASH = 16
 _SPLIT_CODES = {"train": 0, "test": 1}
 
 
@@ -177,7 +188,8 @@ class Protocol:
         Raises
         ------
         ManifestMismatchError
-            The split differs from ``manifest``, or ``manifest`` fails its checksum.
+            The split, or the content of a sample in it, differs from ``manifest``, or
+            ``manifest`` fails its checksum.
         """
         from . import build_dataset
 
@@ -312,6 +324,8 @@ class TaskSequence:
         self.class_names = class_names
         self.class_datasets = class_datasets
         self.tasks = tasks
+        #: The manifest this sequence was written to or checked against (``None``: none).
+        self.manifest_path: Path | None = None
 
     def __len__(self) -> int:
         return len(self.tasks)
@@ -343,8 +357,8 @@ class TaskSequence:
             np.concatenate([p.test.labels for p in parts]),
         )
 
-    def load(self, ids: Sequence[str]) -> list:
-        """Raw samples for global ids ``"<dataset>:<id>"``, in order."""
+    def _per_dataset(self, ids: Sequence[str], method: str) -> list:
+        """``dataset.<method>(local ids)`` for global ids, grouped by dataset, in ``ids`` order."""
         groups: dict[str, list[int]] = {}
         local: list[str] = []
         for pos, sid in enumerate(ids):
@@ -357,25 +371,35 @@ class TaskSequence:
             local.append(lid)
         out: list = [None] * len(ids)
         for name, positions in groups.items():
-            for pos, raw in zip(positions, self.datasets[name].load([local[p] for p in positions])):
-                out[pos] = raw
+            got = getattr(self.datasets[name], method)([local[p] for p in positions])
+            for pos, value in zip(positions, got):
+                out[pos] = value
         return out
 
+    def load(self, ids: Sequence[str]) -> list:
+        """Raw samples for global ids ``"<dataset>:<id>"``, in order."""
+        return self._per_dataset(ids, "load")
+
+    def content_hashes(self, ids: Sequence[str]) -> list[str]:
+        """:meth:`Dataset.content_hashes` of global ids ``"<dataset>:<id>"``, in order."""
+        return self._per_dataset(ids, "content_hashes")
+
     def manifest(self) -> dict:
-        """The manifest content (without its checksum)."""
+        """The manifest content (without its checksum and the anchors recorded in it)."""
+        every = [i for t in self.tasks for s in ("train", "test") for i in getattr(t, s).ids]
+        hashes = iter(self.content_hashes(every))  # one call per dataset for the whole run
+
+        def split(index: SampleIndex) -> dict:
+            return {"ids": list(index.ids), "labels": index.labels.tolist(),
+                    **_content_record([next(hashes) for _ in index.ids])}
+
         return {
             "format": MANIFEST_FORMAT,
             "protocol": self.protocol.identity(),
             "datasets": [self.datasets[n].identity() for n in self.protocol.datasets],
             "classes": list(self.class_names),
             "tasks": [
-                {
-                    "classes": list(t.classes),
-                    **{
-                        s: {"ids": list(getattr(t, s).ids), "labels": getattr(t, s).labels.tolist()}
-                        for s in ("train", "test")
-                    },
-                }
+                {"classes": list(t.classes), "train": split(t.train), "test": split(t.test)}
                 for t in self.tasks
             ],
         }
@@ -387,22 +411,16 @@ class TaskSequence:
 
     def check_or_write_manifest(self, path: str | os.PathLike) -> Path:
         """Write the manifest to ``path`` if absent; otherwise raise
-        :class:`ManifestMismatchError` unless it describes exactly this split."""
+        :class:`ManifestMismatchError` unless it describes exactly this split, sample contents
+        included. A manifest of the format before content hashes that matches in everything it
+        holds is upgraded in place (with a ``UserWarning``)."""
         path = Path(path)
         content = self.manifest()
         if not path.exists():
-            body = json.dumps({**content, "sha256": sha256_json(content)}, indent=1, sort_keys=True)
-            return atomic_write_text(path, body + "\n")
-        try:
-            stored = json.loads(path.read_text(encoding="utf-8"))
-            checksum = stored.pop("sha256")
-        except (ValueError, KeyError, AttributeError) as err:
-            raise ManifestMismatchError(f"{path} is not a protocol manifest ({err})") from None
-        if sha256_json(stored) != checksum:
-            raise ManifestMismatchError(
-                f"{path} was modified after it was written (its sha256 does not match its "
-                f"content); restore it, or delete it to record a new split"
-            )
+            _write_manifest(path, content)
+            self.manifest_path = path
+            return path
+        stored = _read_manifest(path)
         problem = _first_difference(stored, content)
         if problem:
             raise ManifestMismatchError(
@@ -410,11 +428,85 @@ class TaskSequence:
                 f"Restore the data / protocol it was written for, or delete it to record a new "
                 f"split"
             )
+        if stored["format"] == LEGACY_MANIFEST_FORMAT:
+            _write_manifest(path, content)
+            warnings.warn(
+                f"{path} was written before sample contents were hashed; its split matches, and "
+                f"the content hashes of the data as it is now were added to it. From now on a "
+                f"sample whose content changes is refused; a change made before this run cannot "
+                f"be detected", UserWarning, stacklevel=2)
+        self.manifest_path = path
         return path
+
+    def check_or_record_anchors(self, ids: Sequence[str], label: str) -> None:
+        """Record the content of anchors drawn from this sequence's datasets in its manifest
+        under ``label`` (e.g. the pool, count and seed they were drawn with), or, when that
+        label is recorded already, raise :class:`ManifestMismatchError` unless they are the same
+        samples with the same content. Nothing happens without a manifest."""
+        path = self.manifest_path
+        if path is None:
+            return
+        record = {"ids_sha256": sha256_strings(ids), "n": len(ids),
+                  **_content_record(self.content_hashes(ids))}
+        stored = _read_manifest(path)
+        old = stored.get("anchors", {}).get(label)
+        if old is None:
+            stored.setdefault("anchors", {})[label] = record
+            _write_manifest(path, stored)
+            return
+        if old == record:
+            return
+        if old.get("ids_sha256") != record["ids_sha256"]:
+            problem = f"other samples were drawn ({old.get('n')} recorded, {len(ids)} now)"
+        else:
+            problem = _changed_content(old, record, ids)
+        raise ManifestMismatchError(
+            f"refusing anchors ({label}) that differ from those recorded in the manifest "
+            f"{path}: {problem}. Restore the data they were drawn from, or delete the "
+            f"manifest to record a new split"
+        )
+
+
+def _content_record(hashes: Sequence[str]) -> dict:
+    """What a manifest keeps of the content hashes of a list of samples: a sha256 over all of
+    them, in order, and the first :data:`SHORT_HASH` hex digits of each."""
+    return {"content_sha256": sha256_strings(hashes),
+            "content": [h[:SHORT_HASH] for h in hashes]}
+
+
+def _write_manifest(path: Path, content: dict) -> Path:
+    content = {k: v for k, v in content.items() if k != "sha256"}
+    body = json.dumps({**content, "sha256": sha256_json(content)}, indent=1, sort_keys=True)
+    return atomic_write_text(path, body + "\n")
+
+
+def _read_manifest(path: Path) -> dict:
+    """The manifest at ``path`` without its checksum, verified against it."""
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        checksum = stored.pop("sha256")
+    except (ValueError, KeyError, AttributeError, TypeError) as err:
+        raise ManifestMismatchError(f"{path} is not a protocol manifest ({err})") from None
+    if sha256_json(stored) != checksum:
+        raise ManifestMismatchError(
+            f"{path} was modified after it was written (its sha256 does not match its "
+            f"content); restore it, or delete it to record a new split"
+        )
+    return stored
+
+
+def _changed_content(old: dict, new: dict, ids: Sequence[str]) -> str:
+    """How the content of the same samples differs between two :func:`_content_record` records."""
+    changed = [i for i, (a, b) in enumerate(zip(old.get("content", []), new["content"]))
+               if a != b]
+    if not changed:
+        return "the content of a sample changed (same ids)"
+    return (f"the content of {len(changed)} of {len(ids)} samples changed since the manifest "
+            f"was written (same ids), first {ids[changed[0]]!r}")
 
 
 def _first_difference(old: dict, new: dict) -> str | None:
-    if old.get("format") != new["format"]:
+    if old.get("format") not in (new["format"], LEGACY_MANIFEST_FORMAT):
         return f"manifest format {old.get('format')!r}, expected {new['format']!r}"
     if old["protocol"] != new["protocol"]:
         keys = sorted(
@@ -447,10 +539,17 @@ def _first_difference(old: dict, new: dict) -> str | None:
         return f"{len(old['tasks'])} tasks in the manifest, {len(new['tasks'])} now"
     for t, (o, n) in enumerate(zip(old["tasks"], new["tasks"])):
         for split in ("train", "test"):
-            if o[split] != n[split] or o["classes"] != n["classes"]:
+            same = all(o[split].get(k) == n[split][k] for k in ("ids", "labels"))
+            if not same or o["classes"] != n["classes"]:
                 was, now = set(o[split]["ids"]), set(n[split]["ids"])
                 return (
                     f"task {t} {split} samples differ ({len(was - now)} only in the manifest, "
                     f"{len(now - was)} only now, e.g. {sorted(was ^ now)[:2]})"
                 )
+    for t, (o, n) in enumerate(zip(old["tasks"], new["tasks"])):  # ids first, then contents
+        for split in ("train", "test"):
+            hashed = "content_sha256" in o[split] or old["format"] != LEGACY_MANIFEST_FORMAT
+            if hashed and o[split].get("content_sha256") != n[split]["content_sha256"]:
+                return f"task {t} {split}: " + _changed_content(o[split], n[split],
+                                                                n[split]["ids"])
     return None

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..hashing import sha256_sample
 from ..registry import UnknownNameError
 from .base import ListedDataset, SampleIndex, require_file
 
@@ -190,6 +191,7 @@ class _WordNetClasses(ListedDataset):
     def __init__(self, root: str | os.PathLike | None = None):
         self.root = root
         self.wordnet = read_wordnet(root)
+        self._hashes: dict[str, str] = {}
         names, members, excluded = self._build()
         order = np.argsort(names, kind="stable")
         ids, labels = [], []
@@ -214,6 +216,19 @@ class _WordNetClasses(ListedDataset):
             return [syn[k].gloss for k in ids]
         except KeyError as err:
             raise UnknownNameError(f"not a WordNet synset id: {err.args[0]!r}") from None
+
+    def content_hashes(self, ids: Sequence[str]) -> list[str]:
+        """The sha256 of each gloss (UTF-8), as :meth:`load` returns it; memoised per id (the
+        database is parsed once per process, so the texts cannot change under this object)."""
+        syn, memo, out = self.wordnet.synsets, self._hashes, []
+        for k in ids:
+            digest = memo.get(k)
+            if digest is None:
+                if k not in syn:
+                    raise UnknownNameError(f"not a WordNet synset id: {k!r}")
+                digest = memo[k] = sha256_sample(syn[k].gloss)
+            out.append(digest)
+        return out
 
 
 class WordNetHypernyms(_WordNetClasses):
