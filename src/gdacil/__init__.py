@@ -10,4 +10,12 @@ from .lowrank_stats import LowRankGaussians
 from .stats import ClassGaussians, ClassStatistics
 
 __version__ = "0.1.0"
-__all__ = ["ClassGaussians", "ClassStatistics", "LowRankGaussians", "__version__"]
+__all__ = ["ClassGaussians", "ClassStatistics", "Learner", "LowRankGaussians", "__version__"]
+
+
+def __getattr__(name: str):
+    if name == "Learner":  # imported on first use: it pulls in backbones and heads
+        from .learner import Learner
+
+        return Learner
+    raise AttributeError(f"module 'gdacil' has no attribute {name!r}")

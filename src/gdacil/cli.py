@@ -169,6 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
                          description="List the registered names gdacil knows.")
     lst.add_argument("what", nargs="?", choices=[*CATALOGUE, "configs"])
     lst.set_defaults(func=_list)
+
+    from .learner.cli import learner_commands  # learn, predict, info, forget, versions, rollback
+
+    learner_commands(sub)
     return parser
 
 

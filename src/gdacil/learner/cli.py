@@ -1,0 +1,269 @@
+"""The learner's commands: ``gdacil learn / predict / info / forget / versions / rollback``.
+
+:func:`learner_commands` adds them to the ``gdacil`` parser (:mod:`gdacil.cli`). They are thin
+layers over :class:`~gdacil.learner.Learner` and :mod:`gdacil.learner.bundle`; errors (unknown
+class, wrong modality, empty folder, corrupt or missing model) reach ``gdacil``'s handler, which
+prints them on one line and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+__all__ = ["learner_commands"]
+
+MODEL_HELP = "the model directory (created by the first learn)"
+
+
+def learner_commands(sub) -> None:
+    """Add the learner's subcommands to ``sub`` (the ``gdacil`` parser's subparsers)."""
+    learn = sub.add_parser(
+        "learn", help="add classes to a model (created if new) from images or texts",
+        description="Learn the classes of PATH and save the result as a new version of MODEL "
+                    "(created when it does not exist). PATH is a folder with one sub-folder of "
+                    "images per class, or a CSV/TSV or JSONL file of texts with a label column. "
+                    "Classes the model holds are updated, new ones added. The options that "
+                    "choose parts (--backbone, --head, --strategy, ...) apply when the model is "
+                    "created.")
+    learn.add_argument("model", metavar="MODEL", help=MODEL_HELP)
+    learn.add_argument("--data", required=True, metavar="PATH", help="what to learn from")
+    learn.add_argument("--backbone", help="backbone name (gdacil list backbones); default: "
+                                          "efficientnet-lite0 for images, minilm for texts")
+    learn.add_argument("--backbone-option", action="append", default=[], metavar="KEY=VALUE",
+                       help="a backbone option (value as JSON, else text), e.g. size=160")
+    learn.add_argument("--head", help="head name (gdacil list heads); default: lr_rgda")
+    learn.add_argument("--head-param", action="append", default=[], metavar="KEY=VALUE",
+                       help="a head parameter, e.g. rank=32")
+    learn.add_argument("--strategy", help="Stage-1 strategy that trains the backbone "
+                                          "(gdacil list strategies); default: frozen")
+    learn.add_argument("--compensator", help="drift compensator used when the strategy trains "
+                                             "the backbone; default: hopdc")
+    learn.add_argument("--text-column", default="text", metavar="C",
+                       help="the text column of a CSV/JSONL file (default: text)")
+    learn.add_argument("--label-column", default="label", metavar="L",
+                       help="the label column of a CSV/JSONL file (default: label)")
+    learn.add_argument("--max-per-class", type=int, metavar="N",
+                       help="learn at most N samples per class (drawn with the model's seed)")
+    learn.add_argument("--seed", type=int, help="seed of a new model (default: 0)")
+    learn.set_defaults(func=_learn)
+
+    predict = sub.add_parser(
+        "predict", help="classify images or texts with a model",
+        description="Print the top classes of each INPUT with their scores and probabilities. "
+                    "For an image model an INPUT is an image file or a folder (every image "
+                    "under it); for a text model it is a text.")
+    predict.add_argument("model", metavar="MODEL", help="the model directory")
+    predict.add_argument("inputs", nargs="+", metavar="INPUT")
+    predict.add_argument("--top-k", type=int, default=1, metavar="K",
+                         help="classes per input (default: 1)")
+    predict.add_argument("--format", choices=("json", "csv"), default="json")
+    predict.add_argument("--version", help="a saved version instead of the current one")
+    predict.set_defaults(func=_predict)
+
+    info = sub.add_parser("info", help="what a model is and which classes it holds",
+                          description="Describe MODEL: its parts, classes and version.")
+    info.add_argument("model", metavar="MODEL", help="the model directory")
+    info.add_argument("--version", help="a saved version instead of the current one")
+    info.add_argument("--format", choices=("text", "json"), default="text")
+    info.set_defaults(func=_info)
+
+    forget = sub.add_parser("forget", help="remove classes from a model (as a new version)",
+                            description="Remove classes from MODEL: their statistics, their "
+                                        "place in the head and their kept samples. Earlier "
+                                        "versions keep them (gdacil rollback restores one).")
+    forget.add_argument("model", metavar="MODEL", help="the model directory")
+    forget.add_argument("--class", dest="classes", action="append", required=True,
+                        metavar="NAME", help="a class to remove; repeatable")
+    forget.set_defaults(func=_forget)
+
+    versions = sub.add_parser("versions", help="list a model's saved versions",
+                              description="List the saved versions of MODEL, oldest first; "
+                                          "* marks the current one.")
+    versions.add_argument("model", metavar="MODEL", help="the model directory")
+    versions.add_argument("--format", choices=("text", "json"), default="text")
+    versions.set_defaults(func=_versions)
+
+    rollback = sub.add_parser("rollback", help="make an earlier version of a model current",
+                              description="Make VERSION of MODEL current again (after "
+                                          "verifying its files). Later versions are kept.")
+    rollback.add_argument("model", metavar="MODEL", help="the model directory")
+    rollback.add_argument("version", metavar="VERSION", help="e.g. v1 (or 1)")
+    rollback.set_defaults(func=_rollback)
+
+
+def _progress() -> bool:
+    import importlib.util
+
+    return sys.stderr.isatty() and importlib.util.find_spec("tqdm") is not None
+
+
+def _options(items: list[str], flag: str) -> dict:
+    out = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{flag} {item!r}: expected KEY=VALUE")
+        try:
+            out[key] = json.loads(raw)
+        except ValueError:
+            out[key] = raw
+    return out
+
+
+# ---------------------------------------------------------------------- commands
+def _learn(args) -> int:
+    from .bundle import CURRENT, check_new_model_dir
+    from .learner import Learner
+
+    model = Path(args.model)
+    chosen = {"backbone": args.backbone,
+              "backbone_options": _options(args.backbone_option, "--backbone-option") or None,
+              "head": args.head, "head_params": _options(args.head_param, "--head-param") or None,
+              "strategy": args.strategy and {"name": args.strategy},
+              "compensator": args.compensator and {"name": args.compensator},
+              "seed": args.seed}
+    chosen = {k: v for k, v in chosen.items() if v is not None}
+    if (model / CURRENT).exists():
+        learner = Learner.load(model)
+        config = learner.config.to_dict()
+        for key, value in chosen.items():
+            if config[key] != value:
+                flag = "--" + key.replace("_options", "-option").replace("_params", "-param")
+                raise ValueError(f"{model} already exists with {key.replace('_', ' ')} "
+                                 f"{config[key]!r}; {flag} applies only when a model is created")
+    else:
+        check_new_model_dir(model)  # before any work
+        if "backbone" not in chosen:
+            chosen["backbone"] = "efficientnet-lite0" if Path(args.data).is_dir() else "minilm"
+        learner = Learner(**chosen)
+    report = learner.learn(args.data, text_column=args.text_column,
+                           label_column=args.label_column, max_per_class=args.max_per_class,
+                           progress=_progress())
+    version = learner.save(model)
+    print(f"{model}: {version}: {report}; {len(learner.classes)} classes in all")
+    return 0
+
+
+def _inputs(learner, model: Path, items: list[str]) -> list[str]:
+    """The inputs of ``gdacil predict``: image files (folders expanded) or texts."""
+    from ..data.images import IMAGE_EXTENSIONS
+
+    if learner.modality == "text":
+        image = next((i for i in items if i.lower().endswith(IMAGE_EXTENSIONS)
+                      and Path(i).is_file()), None)
+        if image is not None:
+            raise ValueError(f"{model} classifies texts, but {image} is an image file")
+        return items
+    out = []
+    for item in items:
+        path = Path(item)
+        if path.is_dir():
+            found = sorted(str(p) for p in path.rglob("*")
+                           if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+            if not found:
+                raise ValueError(f"{path} holds no image files")
+            out += found
+        elif path.is_file():
+            out.append(item)
+        else:
+            raise FileNotFoundError(f"no such image file or folder: {item!r} ({model} "
+                                    "classifies images)")
+    return out
+
+
+def _predict(args) -> int:
+    from .learner import Learner
+
+    learner = Learner.load(args.model, args.version)
+    inputs = _inputs(learner, Path(args.model), args.inputs)
+    predictions = learner.predict(inputs, top_k=args.top_k, progress=_progress())
+    if args.format == "json":
+        print(json.dumps([{"input": x, "predictions": p.to_list()}
+                          for x, p in zip(inputs, predictions)], indent=2))
+    else:
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(["input", "rank", "class", "score", "probability"])
+        for x, p in zip(inputs, predictions):
+            for rank, (c, s, q) in enumerate(zip(p.classes, p.scores, p.probabilities), 1):
+                writer.writerow([x, rank, c, repr(s), repr(q)])
+    return 0
+
+
+def _info(args) -> int:
+    from .bundle import version_names
+    from .learner import Learner
+
+    learner = Learner.load(args.model, args.version)
+    info = {"model": str(args.model), **learner.info(),
+            "versions": len(version_names(args.model))}
+    if args.format == "json":
+        print(json.dumps(info, indent=2))
+        return 0
+    bb, head = info["backbone"], info["head"]
+    classes = info["classes"]
+    listing = ", ".join(f"{c} ({n})" for c, n in classes.items())
+    lines = [
+        ("model", f"{info['model']} (version {info['version']} of {info['versions']})"),
+        ("backbone", f"{bb['name']} {json.dumps(bb['options'])} ({bb.get('modality', '?')}, "
+                     f"{bb.get('dim', '?')}-d)"),
+        ("head", f"{head['name']} {json.dumps(head['params'])}"),
+        ("strategy", json.dumps(info["strategy"])),
+        ("compensator", json.dumps(info["compensator"]) if info["compensator"] else "-"),
+        ("statistics", info["statistics"]),
+        ("anchors", f"{info['anchors']['kept']} kept (at most {info['anchors']['size']})"),
+        ("learned", f"{info['samples']} samples in {info['learns']} learns"),
+        ("classes", f"{len(classes)}: {listing}" if classes else "none"),
+    ]
+    for key, value in lines:
+        print(f"{key:<12} {value}")
+    return 0
+
+
+def _forget(args) -> int:
+    from .learner import Learner
+
+    learner = Learner.load(args.model)
+    removed = learner.forget(args.classes)
+    version = learner.save(args.model)
+    print(f"{args.model}: {version}: forgot {', '.join(removed)}; "
+          f"{len(learner.classes)} classes left")
+    return 0
+
+
+def _describe(event: dict) -> str:
+    if event.get("action") == "learn":
+        return (f"learned {event['samples']} samples from {event['source']} "
+                f"({len(event['new'])} new classes, {len(event['updated'])} updated)")
+    if event.get("action") == "forget":
+        return f"forgot {', '.join(event['classes'])}"
+    return str(event.get("action", "?"))
+
+
+def _versions(args) -> int:
+    from .bundle import versions
+
+    listed = versions(args.model)
+    if args.format == "json":
+        print(json.dumps([v.to_dict() for v in listed], indent=2))
+        return 0
+    for v in listed:
+        mark = "*" if v.current else " "
+        if v.problem:
+            print(f"{mark} {v.name:<5} damaged: {v.problem}")
+            continue
+        what = "; ".join(map(_describe, v.summary.get("events", []))) or "saved"
+        print(f"{mark} {v.name:<5} {v.created}  {v.summary.get('classes', '?')} classes, "
+              f"{v.summary.get('samples', '?')} samples  {what}")
+    return 0
+
+
+def _rollback(args) -> int:
+    from .bundle import rollback
+
+    info = rollback(args.model, args.version)
+    print(f"{args.model}: {info.name} is current again ({info.summary.get('classes', '?')} "
+          "classes)")
+    return 0

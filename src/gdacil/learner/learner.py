@@ -1,0 +1,702 @@
+"""The continual classifier: learn classes from raw samples, predict, forget, save versions.
+
+A :class:`Learner` wires the pieces an experiment task uses (:mod:`gdacil.cil.runner`) into one
+object that keeps learning: a backbone built by registry name, an optional Stage-1 strategy that
+trains it, a compensator that then moves the old classes' statistics into the new feature
+space (fitted on a reservoir of raw anchor samples, :mod:`gdacil.learner.reservoir`), per-class
+Gaussian statistics, and a head rebuilt from them after every change. Class names are strings;
+the learner maps them to internal integer ids, which are never reused.
+
+``learn`` is a transaction: when it fails, the learner (statistics, head, backbone weights,
+strategy state, anchors) is as it was before the call.
+
+A saved version (:meth:`Learner.save`, see :mod:`gdacil.learner.bundle`) holds:
+
+=========================  ========================================================================
+file                       what
+=========================  ========================================================================
+``learner.json``           format, the full :class:`LearnerConfig`, the classes in the order of
+                           the statistics and the head (name, id, samples), the next free id,
+                           the number of learns, what the backbone was (registry name, config,
+                           modality, dimension, sha256 of its weights), the history
+``statistics/<id>``        dense statistics, one file per class (``<id>.safetensors``, written by
+                           :meth:`gdacil.ClassStatistics.save`), so versions share the files of
+                           unchanged classes; ``statistics.safetensors`` for other storages.
+                           Read when first needed (to learn or forget), not to predict
+``head.safetensors``       the fitted head's state (:mod:`gdacil.learner.headstate`), so loading
+                           does not refit it; absent for heads whose state it cannot hold (FeCAM),
+                           which are refitted from the statistics on load
+``backbone.safetensors``   the backbone's weights, when a strategy trains it (or
+                           ``store_backbone``)
+``strategy.safetensors``   the strategy's state between tasks (null-space moments), when it trains
+``anchors.json``           the anchor reservoir: size, samples seen, each anchor's class and text
+                           or image file; image anchors are ``anchors/<sha256>.png``
+=========================  ========================================================================
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import __version__
+from ..cil.config import ConfigError
+from ..cil.runner import task_seed
+from ..data import extract_features
+from ..io import CorruptFileError, load_tensors, save_tensors
+from ..registry import UnknownNameError
+from ..stats import ClassGaussians, ClassStatistics
+from . import bundle
+from .config import LearnerConfig
+from .data import LazySamples, Samples, load_images, load_texts, read_samples
+from .headstate import bind_eigenpairs, head_state, restore_head
+from .reservoir import AnchorReservoir
+
+__all__ = ["LearnReport", "Learner", "Prediction", "UnknownClassError"]
+
+LEARNER_FORMAT = "gdacil.learner/1"
+_PLURAL = {"image": "images", "text": "texts"}
+# purposes of the seeds drawn per learn (with gdacil.cil.runner.task_seed)
+_ADAPT, _CAP, _RESERVOIR = 0, 101, 102
+
+
+class UnknownClassError(UnknownNameError):
+    """A class name the model does not hold; the message suggests close names."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The ``top_k`` classes of one input, best first, with their scores (log-posteriors up to
+    a per-input constant) and probabilities (softmax over all classes)."""
+
+    classes: tuple[str, ...]
+    scores: tuple[float, ...]
+    probabilities: tuple[float, ...]
+
+    @property
+    def label(self) -> str:
+        """The predicted class."""
+        return self.classes[0]
+
+    def to_list(self) -> list[dict]:
+        return [{"class": c, "score": s, "probability": p}
+                for c, s, p in zip(self.classes, self.scores, self.probabilities)]
+
+
+@dataclass(frozen=True)
+class LearnReport:
+    """What one :meth:`Learner.learn` did."""
+
+    source: str
+    samples: int
+    classes: tuple[str, ...]
+    new: tuple[str, ...]
+    updated: tuple[str, ...]
+    skipped: tuple[str, ...] = ()
+    adapted: bool = False
+    compensated: bool = False
+
+    def __str__(self) -> str:
+        parts = [f"learned {self.samples} samples of {len(self.classes)} classes "
+                 f"({len(self.new)} new, {len(self.updated)} updated)"]
+        if self.adapted:
+            parts.append("trained the backbone" + (" and moved the old classes' statistics"
+                                                   if self.compensated else ""))
+        if self.skipped:
+            parts.append(f"skipped {len(self.skipped)} folders without images: "
+                         f"{', '.join(self.skipped)}")
+        return "; ".join(parts)
+
+
+def _single(inputs) -> bool:
+    """Whether ``inputs`` is one input rather than a sequence of them."""
+    if isinstance(inputs, (str, os.PathLike)) or hasattr(inputs, "getpixel"):  # PIL image
+        return True
+    return getattr(inputs, "ndim", 4) <= 3 and not isinstance(inputs, (list, tuple))
+
+
+class Learner:
+    """A continual classifier over raw images or texts.
+
+    ``Learner(backbone, **settings)``: the settings are the fields of :class:`LearnerConfig`
+    (``head``, ``head_params``, ``strategy``, ``compensator``, ``statistics``, ``anchors``,
+    ``seed``, ...). The backbone is built when first needed.
+
+    Examples
+    --------
+    >>> from gdacil.learner import Learner
+    >>> learner = Learner("minilm")                                   # doctest: +SKIP
+    >>> learner.learn(["a purring cat", "a barking dog"], ["cat", "dog"])  # doctest: +SKIP
+    >>> learner.predict("a kitten", top_k=2)[0].label                # doctest: +SKIP
+    'cat'
+    >>> learner.save("pets")                                          # doctest: +SKIP
+    'v1'
+    """
+
+    def __init__(self, backbone: str | None = None, **settings):
+        if backbone is not None:
+            settings["backbone"] = backbone
+        self._setup(LearnerConfig(**settings))
+
+    @classmethod
+    def from_config(cls, config: LearnerConfig | dict, *, device=None) -> Learner:
+        learner = cls.__new__(cls)
+        if not isinstance(config, LearnerConfig):
+            config = LearnerConfig.from_dict(config)
+        learner._setup(config, device)
+        return learner
+
+    def _setup(self, config: LearnerConfig, device=None) -> None:
+        self.config = config
+        self.device = device
+        self._backbone = None
+        self._weights: dict[str, torch.Tensor] | None = None  # to load when the backbone is built
+        self._record: dict | None = None  # what the backbone was when the model last learned
+        self._stats: ClassStatistics | None = None
+        self._order: list[int] = []  # class ids in the order of the statistics and the head
+        self._counts: list[int] = []  # samples learned per class, in that order
+        self._lazy: bundle.OpenedVersion | None = None  # where unread statistics are
+        self._eigenpairs = None  # the head's stored eigenpairs, bound when statistics load
+        self._saved: dict[int, int] = {}  # class id -> its revision in the version of origin
+        self._head = None
+        self._ids: dict[str, int] = {}
+        self._next_id = 0
+        self._steps = 0
+        strategy = config.build_strategy()
+        self._strategy = strategy if strategy.config.params != "none" else None
+        keep = (self._strategy is not None and self._strategy.trains_on(1)
+                and config.compensator["name"] != "identity")
+        self._reservoir = AnchorReservoir(config.anchors if keep else 0)
+        self._history: list[dict] = []
+        self._pending: list[dict] = []
+        self._origin: tuple[Path, str] | None = None
+
+    def __repr__(self) -> str:
+        return (f"Learner(backbone={self.config.backbone!r}, head={self.config.head!r}, "
+                f"strategy={self.config.strategy['name']!r}, classes={len(self._ids)})")
+
+    # ------------------------------------------------------------------ views
+    @property
+    def backbone(self):
+        """The backbone (built, with any stored weights, on first use)."""
+        if self._backbone is None:
+            bb = self.config.build_backbone(self.device)
+            if self._weights is not None:
+                try:
+                    bb.model.load_state_dict(self._weights)
+                except RuntimeError as exc:
+                    raise ValueError(f"the stored backbone weights do not fit the backbone "
+                                     f"{self.config.backbone!r}: "
+                                     f"{' '.join(str(exc).split())[:300]}") from None
+            self._check_backbone(bb)
+            self._backbone, self._weights = bb, None
+        return self._backbone
+
+    def _check_backbone(self, bb) -> None:
+        record = self._record
+        if not record:
+            return
+        if bb.dim != record["dim"] or bb.modality != record["modality"]:
+            raise ValueError(f"the backbone {self.config.backbone!r} gives {bb.dim}-d "
+                             f"{bb.modality} features, but this model was built on "
+                             f"{record['dim']}-d {record['modality']} features")
+        if bb.weights_fingerprint() != record["weights_sha256"]:
+            warnings.warn(f"the weights of the backbone {self.config.backbone!r} differ from "
+                          "those this model learned with (a different installed version?); "
+                          "its features, and so its predictions, may differ", UserWarning,
+                          stacklevel=3)
+
+    @property
+    def modality(self) -> str:
+        """``"image"`` or ``"text"``: what the backbone takes."""
+        return self._record["modality"] if self._record else self.backbone.modality
+
+    @property
+    def classes(self) -> list[str]:
+        """The class names, in the order of the statistics and the head."""
+        return self._names(self._order)
+
+    def class_counts(self) -> dict[str, int]:
+        """Samples learned per class."""
+        return dict(zip(self.classes, self._counts))
+
+    @property
+    def statistics(self) -> ClassStatistics | None:
+        """The class statistics (internal integer labels; see :meth:`class_ids`). A loaded
+        model reads them when first needed: predicting does not."""
+        return self._loaded_statistics()
+
+    def _loaded_statistics(self) -> ClassStatistics | None:
+        if self._stats is None and self._lazy is not None:
+            stats = _read_statistics(self._lazy, self._order)
+            if stats.classes != self._order or [int(n) for n in stats.counts.tolist()] \
+                    != self._counts:
+                raise CorruptFileError(self._lazy.file("learner.json"), "lists other classes "
+                                       "or counts than the statistics hold", bundle.ADVICE)
+            if self._eigenpairs is not None and self._head is not None:
+                bind_eigenpairs(self._head, self._eigenpairs, stats)
+            self._stats, self._lazy, self._eigenpairs = stats, None, None
+            self._saved = {c: stats.revision(c) for c in stats.classes}
+        return self._stats
+
+    def _set_statistics(self, stats: ClassStatistics | None) -> None:
+        self._stats = stats
+        self._order = stats.classes if stats is not None else []
+        self._counts = [int(n) for n in stats.counts.tolist()] if stats is not None else []
+
+    @property
+    def head(self):
+        """The fitted head (None before any class is learned)."""
+        return self._head
+
+    def class_ids(self) -> dict[str, int]:
+        """Class name -> the internal label used by the statistics and the head."""
+        return dict(self._ids)
+
+    @property
+    def version(self) -> str | None:
+        """The saved version this learner was loaded from or last saved as."""
+        return self._origin[1] if self._origin else None
+
+    def _names(self, ids: Iterable[int]) -> list[str]:
+        names = {i: n for n, i in self._ids.items()}
+        return [names[int(i)] for i in ids]
+
+    # ------------------------------------------------------------------ learning
+    def learn(self, data, labels=None, *, text_column: str = "text", label_column: str = "label",
+              max_per_class: int | None = None, progress: bool = False) -> LearnReport:
+        """Add the classes of ``data`` and update those the model already holds.
+
+        Parameters
+        ----------
+        data : path, Dataset, inputs, or (inputs, labels)
+            A folder with one sub-folder of images per class, a CSV/TSV or JSONL/JSON file of
+            texts, a :class:`gdacil.data.Dataset`, or in-memory inputs (texts, image files,
+            PIL images, arrays) with ``labels`` (see :mod:`gdacil.learner.data`).
+        labels : sequence, optional
+            Class names of in-memory ``data`` (converted with ``str``).
+        text_column, label_column : str
+            Column (key) names in CSV and JSON files.
+        max_per_class : int, optional
+            Learn at most this many samples per class (drawn with the learner's seed).
+        progress : bool
+            Progress bars for feature extraction.
+
+        Returns
+        -------
+        LearnReport
+        """
+        samples = read_samples(data, labels, text_column=text_column, label_column=label_column)
+        self._check_modality(samples)
+        t = self._steps
+        if max_per_class is not None:
+            samples = samples.limit_per_class(max_per_class, task_seed(self.config.seed, t, _CAP))
+        if not len(samples):
+            raise ValueError(f"{samples.source}: no samples to learn from")
+        bb = self.backbone
+        load = self._loader(samples.load)
+        self._loaded_statistics()
+        ids = dict(self._ids)
+        learned = list(dict.fromkeys(samples.labels))
+        fresh = [n for n in learned if n not in ids]
+        ids.update({n: self._next_id + k for k, n in enumerate(fresh)})
+        updated = [n for n in learned if n not in fresh]
+        if updated and self.config.statistics_config().storage != "dense":
+            raise ValueError(f"this model keeps low-rank statistics, which cannot take new "
+                             f"samples of classes they hold ({', '.join(updated[:5])}); learn "
+                             "only new classes, or use dense statistics")
+        y = torch.tensor([ids[n] for n in samples.labels], dtype=torch.int64)
+        old = self._stats.classes if self._stats is not None else []
+        trains = self._strategy is not None and self._strategy.trains_on(t)
+        compensate = trains and bool(old) and self.config.compensator["name"] != "identity"
+        snapshot = self._snapshot() if trains else None
+        try:
+            stats, head, reservoir = self._learn_task(t, samples, load, y, old, trains,
+                                                      compensate, progress)
+        except BaseException as exc:
+            if snapshot is not None:
+                self._restore(snapshot)
+            if isinstance(exc, NotImplementedError):
+                raise ValueError(f"strategy {self.config.strategy['name']!r} cannot train the "
+                                 f"backbone {self.config.backbone!r}: {exc}") from None
+            raise
+        self._set_statistics(stats)
+        self._head, self._reservoir = head, reservoir
+        self._ids, self._next_id, self._steps = ids, self._next_id + len(fresh), t + 1
+        self._record = {"name": bb.name, "config": _jsonable(bb.config()),
+                        "modality": bb.modality, "dim": bb.dim,
+                        "weights_sha256": bb.weights_fingerprint()}
+        report = LearnReport(samples.source, len(samples), tuple(learned), tuple(fresh),
+                             tuple(updated), samples.skipped, trains, compensate)
+        self._pending.append({"action": "learn", "source": samples.source,
+                              "samples": len(samples), "new": list(fresh),
+                              "updated": list(report.updated)})
+        return report
+
+    def _learn_task(self, t, samples: Samples, load, y, old, trains, compensate, progress):
+        """One task, as the experiment runner does it; changes nothing in ``self`` but the
+        backbone and strategy (which :meth:`learn` restores on failure)."""
+        cfg, bb = self.config, self.backbone
+        anchors = self._reservoir.raws() if compensate else []
+        if compensate and not anchors and not cfg.include_current:
+            raise ValueError("drift compensation needs anchors: set anchors > 0 or "
+                             "include_current=True")
+        if compensate:  # anchor features under the backbone before it trains
+            before = [self._features(anchors)] if anchors else []
+            if cfg.include_current:
+                before.append(self._features_of(samples, load, progress))
+        if trains:
+            self._strategy.adapt_task(bb, t, LazySamples(samples.keys, load),
+                                      y.numpy(), generator=task_seed(cfg.seed, t, _ADAPT))
+        X = self._features_of(samples, load, progress)
+        storage = cfg.statistics_config()
+        new = ClassGaussians(bb.dim, ddof=cfg.ddof).update(X, y)
+        if storage.storage != "dense":  # compress the new classes once
+            new = storage.empty(bb.dim, cfg.ddof).merge(new)
+        if self._stats is None:
+            stats = storage.empty(bb.dim, cfg.ddof)
+        elif compensate:
+            after = ([self._features(anchors)] if anchors else []) + (
+                [X] if cfg.include_current else [])
+            comp = cfg.build_compensator().fit(torch.cat(before), torch.cat(after))
+            stats = comp.transform(self._stats, labels=old)
+        else:
+            stats = self._stats
+        head = self._head if self._head is not None else cfg.build_head()
+        try:
+            with stats.rollback_on_error(torch.unique(y).tolist()):
+                stats.merge(new)
+                head.fit(stats)
+                reservoir = self._reservoir
+                if reservoir.size:
+                    side = _anchor_side(bb)
+                    rng = np.random.default_rng(task_seed(cfg.seed, t, _RESERVOIR))
+                    reservoir = reservoir.offered(samples, load, rng, side, bb.modality)
+        except BaseException:
+            if self._head is not None and head is self._head:  # the old head, on the old stats
+                self._head.fit(self._stats)
+            raise
+        return stats, head, reservoir
+
+    def _snapshot(self) -> tuple[dict, dict]:
+        return _weights(self.backbone), dict(self._strategy.moments_)
+
+    def _restore(self, snapshot: tuple[dict, dict]) -> None:
+        """The backbone and strategy as they were (rebuilt: a failed task may have left
+        adapters attached or a task open)."""
+        self._backbone, self._weights = None, snapshot[0]
+        self._strategy = self.config.build_strategy()
+        self._strategy.moments_ = snapshot[1]
+
+    def _check_modality(self, samples: Samples) -> None:
+        modality = self.modality
+        if samples.modality is not None and samples.modality != modality:
+            raise ValueError(f"{samples.source} holds {_PLURAL[samples.modality]}, but this "
+                             f"model's backbone {self.config.backbone!r} takes "
+                             f"{_PLURAL.get(modality, modality)}")
+
+    def _loader(self, load):
+        check = load_texts if self.modality == "text" else load_images
+        return lambda keys: check(load(keys))
+
+    def _extract(self, keys: list[str], load, progress: bool = False) -> torch.Tensor:
+        return extract_features(self.backbone, keys, load, batch_size=self.config.batch_size,
+                                progress=progress, load_batches=4)
+
+    def _features(self, raws: list) -> torch.Tensor:
+        return self._extract([str(i) for i in range(len(raws))],
+                             lambda keys: [raws[int(k)] for k in keys])
+
+    def _features_of(self, samples: Samples, load, progress: bool) -> torch.Tensor:
+        return self._extract(list(samples.keys), load, progress)
+
+    # ------------------------------------------------------------------ prediction
+    def predict(self, inputs, top_k: int = 1, *, progress: bool = False) -> list[Prediction]:
+        """The ``top_k`` classes of each input, best first.
+
+        ``inputs`` is a sequence of texts (text models) or of image files, PIL images or arrays
+        (image models); one string, path or image is taken as one input. Returns one
+        :class:`Prediction` per input.
+        """
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise ValueError(f"top_k must be a positive integer; got {top_k!r}")
+        if self._head is None:
+            raise ValueError("the model has learned no classes yet: learn some first")
+        items = [inputs] if _single(inputs) else list(inputs)
+        if not items:
+            return []
+        load = self._loader(lambda keys: [items[int(k)] for k in keys])
+        X = self._extract([str(i) for i in range(len(items))], load, progress)
+        scores = self._head.decision_function(X).to(torch.float64).cpu()
+        probabilities = torch.softmax(scores, dim=1)
+        names = self._names(self._head.classes_.tolist())
+        best, where = scores.topk(min(top_k, scores.shape[1]), dim=1)
+        return [Prediction(tuple(names[j] for j in idx), tuple(s),
+                           tuple(probabilities[i, idx].tolist()))
+                for i, (s, idx) in enumerate(zip(best.tolist(), where.tolist()))]
+
+    # ------------------------------------------------------------------ forgetting
+    def forget(self, classes: str | Iterable[str]) -> list[str]:
+        """Remove ``classes`` (names): their statistics, their place in the head and their raw
+        anchors. Returns the names removed. A backbone a strategy trained on them is not
+        un-trained, and earlier saved versions keep them (roll back to recover a class)."""
+        names = [classes] if isinstance(classes, str) else [str(c) for c in classes]
+        for name in names:
+            if name not in self._ids:
+                raise self._unknown(name)
+        names = list(dict.fromkeys(names))
+        drop = {self._ids[n] for n in names}
+        old = self._loaded_statistics()
+        keep = [c for c in old.classes if c not in drop]
+        stats = old.subset(keep)
+        head = None
+        if keep:
+            head = self._head
+            try:
+                head.fit(stats)
+            except BaseException:
+                head.fit(old)
+                raise
+        self._set_statistics(stats)
+        self._head = head
+        self._ids = {n: i for n, i in self._ids.items() if i not in drop}
+        self._reservoir = self._reservoir.without(names)
+        self._pending.append({"action": "forget", "classes": names})
+        return names
+
+    def _unknown(self, name: str) -> UnknownClassError:
+        close = difflib.get_close_matches(name, list(self._ids), n=3)
+        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+        known = sorted(self._ids)
+        listing = ", ".join(known[:20]) + (" ..." if len(known) > 20 else "")
+        return UnknownClassError(f"unknown class {name!r}{hint} (the model's "
+                                 f"{len(known)} classes: {listing or 'none'})")
+
+    # ------------------------------------------------------------------ summary
+    def info(self) -> dict:
+        """What the model is and holds, JSON-able."""
+        cfg = self.config
+        counts = self.class_counts()
+        return {
+            "version": self.version,
+            "backbone": {"name": cfg.backbone, "options": cfg.backbone_options,
+                         **({"modality": self._record["modality"], "dim": self._record["dim"]}
+                            if self._record else {})},
+            "head": {"name": cfg.head, "params": cfg.head_params},
+            "strategy": cfg.strategy,
+            "compensator": cfg.compensator if self._strategy is not None else None,
+            "statistics": cfg.statistics_config().storage,
+            "learns": self._steps,
+            "samples": sum(counts.values()),
+            "anchors": {"kept": len(self._reservoir), "size": self._reservoir.size},
+            "classes": counts,
+        }
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, directory: str | os.PathLike, *, force: bool = False) -> str:
+        """Save a new version of this model in ``directory`` and make it current; returns its
+        name (``"v1"``, ``"v2"``, ...). Earlier versions are kept.
+
+        A learner loaded from (or last saved to) ``directory`` continues it; if another writer
+        changed the current version meanwhile, :class:`~gdacil.learner.bundle.BundleError` is
+        raised and nothing is written. Saving another learner into a directory that already
+        holds a model is refused unless ``force`` (which adds it as the next version).
+        """
+        directory = Path(directory).expanduser()
+        resolved = directory.resolve()
+        if self._origin is not None and self._origin[0] == resolved:
+            expect = parent = self._origin[1]
+        elif (directory / bundle.CURRENT).exists():
+            if not force:
+                raise bundle.BundleError(
+                    f"{directory} already holds a model (version "
+                    f"{bundle.current_version(directory)}); continue it with Learner.load, or "
+                    "save(..., force=True) to add this learner to it as its next version")
+            expect, parent = bundle.ANY, None
+        else:
+            expect, parent = None, None
+        continues = self._origin is not None and self._origin[0] == resolved
+        if not continues:  # every file is written afresh: the statistics are needed
+            self._loaded_statistics()
+        name = bundle.write_version(directory, partial(self._write, continues),
+                                    expect_current=expect, parent=parent)
+        self._history += [{**event, "version": name} for event in self._pending]
+        self._pending = []
+        self._origin = (resolved, name)
+        if self._stats is not None:
+            self._saved = {c: self._stats.revision(c) for c in self._stats.classes}
+        return name
+
+    def _write(self, continues: bool, writer: bundle.VersionWriter) -> dict:
+        """Write this learner's files; ``continues``: the parent is the version of origin, so
+        files of what has not changed since (classes, the backbone) are linked to it."""
+        history = self._history + [{**e, "version": writer.name} for e in self._pending]
+        self._write_statistics(writer, continues)
+        untouched = continues and self._stats is None  # neither learned nor forgot since load
+        if self._head is not None and not (untouched and writer.link("head.safetensors")):
+            state = head_state(self._head, self._loaded_statistics())
+            if state is not None:
+                writer.write_with("head.safetensors", lambda p: save_tensors(p, *state))
+        as_loaded = self._backbone is None and self._weights is not None  # never built since
+        if (self._strategy is not None or self.config.store_backbone) and not (
+                continues and as_loaded and writer.link("backbone.safetensors")):
+            weights = self._weights if as_loaded else _weights(self.backbone)
+            writer.write_with("backbone.safetensors", lambda p: save_tensors(
+                p, weights, {"backbone": self.config.backbone}))
+        if self._strategy is not None:
+            writer.write_with("strategy.safetensors",
+                              lambda p: save_tensors(p, *self._strategy.state_dict()))
+        if self._reservoir.size:
+            writer.write_json("anchors.json", self._reservoir.to_json())
+            for relative, png in self._reservoir.files().items():
+                writer.write_bytes(relative, png)
+        writer.write_json("learner.json", {
+            "format": LEARNER_FORMAT, "gdacil": __version__, "config": self.config.to_dict(),
+            "classes": [{"name": n, "id": i, "samples": k}
+                        for n, i, k in zip(self.classes, self._order, self._counts)],
+            "next_id": self._next_id, "learns": self._steps, "backbone": self._record,
+            "history": history})
+        return {"actions": [e["action"] for e in self._pending] or ["save"],
+                "events": self._pending, "classes": len(self._order),
+                "samples": sum(self._counts)}
+
+    def _write_statistics(self, writer: bundle.VersionWriter, continues: bool) -> None:
+        """Dense statistics: one file per class, ``statistics/<id>.safetensors``, linked to the
+        parent's where the class has not changed; other storages: ``statistics.safetensors``."""
+        if not self._order:
+            return
+        stats = self._stats
+
+        def unchanged(c: int) -> bool:
+            return stats is None or self._saved.get(c) == stats.revision(c)
+
+        if self.config.statistics_config().storage != "dense":
+            if not (continues and all(map(unchanged, self._order))
+                    and writer.link("statistics.safetensors")):
+                writer.write_with("statistics.safetensors", self._loaded_statistics().save)
+            return
+        for c in self._order:
+            relative = f"statistics/{c}.safetensors"
+            if not (continues and unchanged(c) and writer.link(relative)):
+                writer.write_with(relative, self._loaded_statistics().subset([c]).save)
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike, version: str | int | None = None, *,
+             device=None) -> Learner:
+        """The model saved in ``directory``: its current version (``CURRENT``, read once), or
+        ``version``. Every file is verified against the manifest's sha256 first; nothing is
+        unpickled or executed (JSON and safetensors only). The class statistics are read when
+        first needed (to learn or forget), not to predict.
+
+        Raises ``FileNotFoundError`` when there is no model there,
+        :class:`~gdacil.io.CorruptFileError` naming any file that is missing, altered or
+        invalid, and :class:`~gdacil.learner.bundle.BundleError` for an unknown version.
+        """
+        opened = bundle.open_version(directory, version)
+        meta_path = _required(opened, "learner.json")
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise CorruptFileError(meta_path, f"not valid JSON ({exc})", bundle.ADVICE) from None
+        found = meta.get("format") if isinstance(meta, dict) else None
+        if found != LEARNER_FORMAT:
+            raise CorruptFileError(meta_path, f"not a learner of format {LEARNER_FORMAT!r} "
+                                              f"(found {found!r})", bundle.ADVICE)
+        try:
+            config = LearnerConfig.from_dict(meta["config"])
+        except (ConfigError, KeyError) as exc:
+            raise ValueError(f"{meta_path}: cannot rebuild the learner from its config: "
+                             f"{exc}") from None
+        learner = cls.from_config(config, device=device)
+        try:
+            learner._restore_state(opened, meta)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise CorruptFileError(meta_path, f"lacks or mistypes an entry ({exc!r})",
+                                   bundle.ADVICE) from None
+        learner._origin = (Path(directory).expanduser().resolve(), opened.name)
+        return learner
+
+    def _restore_state(self, opened: bundle.OpenedVersion, meta: dict) -> None:
+        classes = meta["classes"]
+        self._ids = {str(c["name"]): int(c["id"]) for c in classes}
+        self._order = [int(c["id"]) for c in classes]
+        self._counts = [int(c["samples"]) for c in classes]
+        if len(self._ids) != len(classes) or len(set(self._order)) != len(classes):
+            raise CorruptFileError(opened.file("learner.json"), "repeats a class name or id",
+                                   bundle.ADVICE)
+        self._lazy = opened if classes else None
+        self._next_id, self._steps = int(meta["next_id"]), int(meta["learns"])
+        self._record, self._history = meta["backbone"], list(meta.get("history", []))
+        if opened.has("head.safetensors"):
+            self._head, self._eigenpairs = restore_head(
+                self.config.build_head(), *load_tensors(opened.file("head.safetensors")))
+            if self._head.classes_.tolist() != self._order:
+                raise CorruptFileError(opened.file("head.safetensors"), "holds a head of other "
+                                       "classes than learner.json lists", bundle.ADVICE)
+        elif classes:  # a head whose state is not stored (FeCAM): fitted again
+            self._head = self.config.build_head().fit(self._loaded_statistics())
+        if opened.has("backbone.safetensors"):
+            self._weights = load_tensors(opened.file("backbone.safetensors"))[0]
+        if self._strategy is not None and opened.has("strategy.safetensors"):
+            self._strategy.load_state_dict(*load_tensors(opened.file("strategy.safetensors")))
+        if opened.has("anchors.json"):
+            data = json.loads(opened.file("anchors.json").read_text(encoding="utf-8"))
+            self._reservoir = AnchorReservoir.from_json(
+                data, lambda rel: _required(opened, rel).read_bytes())
+
+
+def _read_statistics(opened: bundle.OpenedVersion, order: list[int]) -> ClassStatistics:
+    """The statistics of a saved version, in fresh aligned storage (tensors read from
+    safetensors may sit at unaligned offsets; see headstate). One file per class: their rows
+    are stacked and validated at once (:meth:`ClassStatistics.from_tensors`)."""
+    if opened.has("statistics.safetensors"):
+        return ClassStatistics.load(opened.file("statistics.safetensors")).copy()
+    paths = [_required(opened, f"statistics/{c}.safetensors") for c in order]
+    parts = [load_tensors(path) for path in paths]
+    config = parts[0][1]
+    for path, (tensors, meta) in zip(paths, parts):
+        if meta != config or set(tensors) != set(parts[0][0]):
+            raise CorruptFileError(path, "holds another kind of statistics than "
+                                         f"{paths[0].name}", bundle.ADVICE)
+    kind = type(ClassStatistics.load(paths[0]))  # checks the format
+    rows = {name: torch.cat([tensors[name] for tensors, _ in parts]) for name in parts[0][0]}
+    return kind.from_tensors(rows, {k: v for k, v in config.items() if k != "format"},
+                             source=str(paths[0].parent))
+
+
+def _required(opened: bundle.OpenedVersion, relative: str) -> Path:
+    if not opened.has(relative):
+        raise CorruptFileError(opened.path / relative, "missing from manifest.json, which "
+                                                       "must list it", bundle.ADVICE)
+    return opened.file(relative)
+
+
+def _weights(bb) -> dict[str, torch.Tensor]:
+    """A copy of the backbone's weights (standard strides: safetensors and hashing need them)."""
+    return {k: v.detach().clone(memory_format=torch.contiguous_format)
+            for k, v in bb.model.state_dict().items()}
+
+
+def _anchor_side(bb) -> int | None:
+    """The shorter side image anchors are stored at: what the backbone's preprocessing resizes
+    to (None: keep them as they are)."""
+    transform = getattr(bb, "transform", None) or getattr(getattr(bb, "base", None),
+                                                          "transform", None)
+    if transform is None:
+        return None
+    return int(getattr(transform, "resize", None) or transform.size)
+
+
+def _jsonable(value):
+    """``value`` with anything JSON cannot hold written as its string."""
+    return json.loads(json.dumps(value, default=str))
+
