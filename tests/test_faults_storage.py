@@ -309,3 +309,19 @@ def test_output_dir_refuses_a_name_changed_after_validation(tmp_path, monkeypatc
     with pytest.raises(ConfigError, match="path separator"):
         run_experiment(cfg, log=quiet)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["images"]
+
+
+def test_tensors_with_a_stride_zero_dimension_are_saved_and_hashed_like_their_copies(tmp_path):
+    """A one-element tensor expanded from a scalar is "contiguous" with stride 0 (LR-RGDA's bias
+    of a single class can be one); its bytes are hashed and saved as a plain copy's."""
+    import torch
+
+    from gdacil.hashing import sha256_tensors
+    from gdacil.io import load_tensors, save_tensors
+
+    expanded = torch.tensor(3.0).expand(1)
+    assert expanded.stride() == (0,)
+    plain = torch.tensor([3.0])
+    assert sha256_tensors([("a", expanded)]) == sha256_tensors([("a", plain)])
+    save_tensors(tmp_path / "t.safetensors", {"a": expanded}, {})
+    assert torch.equal(load_tensors(tmp_path / "t.safetensors")[0]["a"], plain)

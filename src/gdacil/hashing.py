@@ -59,6 +59,8 @@ def sha256_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> str:
     for name, t in named:
         h.update(canonical_json([name, str(t.dtype), list(t.shape)]).encode("ascii"))
         t = t.detach().to("cpu").contiguous().reshape(-1)
+        if t.numel() and t.stride() != (1,):  # "contiguous", yet with a stride-0 size-1 dimension
+            t = torch.empty_like(t, memory_format=torch.contiguous_format).copy_(t)  # an expanded scalar
         if t.numel():
             h.update(t.view(torch.uint8).numpy().data)
     return h.hexdigest()
