@@ -13,6 +13,7 @@ BENCHMARKS = {
     "strategies": "gdacil.bench.strategies",
     "scale": "gdacil.bench.scale",
     "ranpac-lambda": "gdacil.bench.ranpac_lambda",
+    "pipeline": "gdacil.bench.pipeline",
 }
 
 
