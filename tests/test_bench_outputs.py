@@ -10,7 +10,8 @@ from gdacil.bench.common import DEFAULT_OUT
 # module -> a file it writes; every module's refusal happens before any measurement
 BENCHES = {"speed": "speed.json", "scale": "scale.json", "drift": "drift.json",
            "decomposition": "decomposition.json", "heads": "anchors.json",
-           "defaults": "defaults.json", "strategies": "strategies.json"}
+           "defaults": "defaults.json", "strategies": "strategies.json",
+           "pipeline": "pipeline.json"}
 
 
 @pytest.mark.parametrize("name", sorted(BENCHES))

@@ -730,7 +730,7 @@ def done_when(payload: dict) -> list[dict]:
 
 # ---------------------------------------------------------------------------------------- output
 def _rate(x: float) -> str:
-    return f"{x:,.1f}" if x < 100 else f"{x:,.0f}"
+    return f"{x:.3g}" if x < 100 else f"{x:,.0f}"
 
 
 def render(payload: dict) -> str:
@@ -862,8 +862,11 @@ def plot(payload: dict, path: Path) -> None:
                 label=f"{o['run']}: outside extraction")
         bx.plot(t, [r["other_s"] for r in o["tasks"]], marker="x", linestyle="--",
                 label=f"{o['run']}: other (keys, cache reads)")
+        bx.plot(t, [r["fingerprint_s"] for r in o["tasks"]], marker=".", linestyle=":",
+                label=f"{o['run']}: weight fingerprints")
+    bx.set_yscale("log")
     bx.set_xlabel("task")
-    bx.set_ylabel("seconds")
+    bx.set_ylabel("seconds (log scale)")
     bx.set_title("Per-task time outside extraction (frozen runs)")
     bx.grid(True, alpha=0.3)
     if bx.get_legend_handles_labels()[0]:
