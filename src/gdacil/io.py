@@ -34,7 +34,7 @@ __all__ = [
 _META_KEY = "gdacil"
 _CHECKSUM_KEY = "gdacil.sha256"
 _SAFETENSORS = {"feature": "saving and loading tensors", "install": "pip install 'gdacil[io]'"}
-#: The names ``atomic_write_bytes`` gives its temporary files: ``.NAME.XXXXXXXX.tmp`` (the
+#: The names ``atomic_write_bytes`` gives its temporary files: ``.NAME.<8 random characters>.tmp`` (the
 #: random part is what :func:`tempfile.mkstemp` draws: 8 characters of ``[a-z0-9_]``).
 _TEMP_NAME = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
 #: Default age (seconds) after which :func:`remove_stale_temp_files` takes a temporary file for
@@ -59,7 +59,7 @@ class CorruptFileError(ValueError):
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` so readers see either the old file or the new one, never half.
 
-    The bytes go to a temporary file ``.NAME.XXXXXXXX.tmp`` in the same directory, are flushed to
+    The bytes go to a temporary file ``.NAME.<8 random characters>.tmp`` in the same directory, are flushed to
     disk, and the file is renamed over ``path``. A process killed before the rename leaves the
     temporary file behind; :func:`remove_stale_temp_files` removes such leftovers.
     """
@@ -87,7 +87,7 @@ def remove_stale_temp_files(directory: str | os.PathLike, *, max_age: float = ST
                             recursive: bool = False) -> list[Path]:
     """Remove the temporary files of interrupted :func:`atomic_write_bytes` calls in ``directory``.
 
-    Only regular files named exactly as ``atomic_write_bytes`` names them (``.NAME.XXXXXXXX.tmp``)
+    Only regular files named exactly as ``atomic_write_bytes`` names them (``.NAME.<8 random characters>.tmp``)
     and last modified more than ``max_age`` seconds ago are removed: a writer updates its file's
     modification time with every write and renames it within seconds, so a younger file may belong
     to another live process (two runs sharing a feature cache) and is kept. ``recursive`` also

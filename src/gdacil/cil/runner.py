@@ -154,14 +154,10 @@ class _SeedRun:
 
     def _load(self, ids) -> list:
         """Raw samples of task ids and external anchor ids, in order."""
-        if self.external is None:
-            return self.tasks.load(ids)
-        out = [None] * len(ids)
-        for owner, load in ((True, self.external.load), (False, self.tasks.load)):
-            positions = [k for k, i in enumerate(ids) if self.external.owns(i) == owner]
-            for k, raw in zip(positions, load([ids[k] for k in positions]) if positions else ()):
-                out[k] = raw
-        return out
+        from ..data.anchors import per_source
+
+        return per_source(ids, self.external, self.external and self.external.load,
+                          self.tasks.load)
 
     # ------------------------------------------------------------------ the loop
     def run(self, state: SeedState | None, on_task_end: Callable | None) -> SeedState:

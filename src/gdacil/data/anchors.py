@@ -139,15 +139,20 @@ class ExternalAnchors:
         return self.dataset.content_hashes(self._local(ids))
 
 
+def per_source(ids, external: ExternalAnchors | None, for_external, for_tasks) -> list:
+    """``for_external`` of the ``external`` anchor ids among ``ids`` and ``for_tasks`` of the
+    others (each a function of a list of ids returning one item per id), in the order of ``ids``."""
+    if external is None:
+        return for_tasks(ids)
+    out: list = [None] * len(ids)
+    for owner, fn in ((True, for_external), (False, for_tasks)):
+        positions = [k for k, i in enumerate(ids) if external.owns(i) == owner]
+        for k, item in zip(positions, fn([ids[k] for k in positions]) if positions else ()):
+            out[k] = item
+    return out
+
 
 def content_hashes(ids, tasks: TaskSequence, external: ExternalAnchors | None = None) -> list[str]:
     """Content hashes of a mix of task ids and ``external`` anchor ids, in order (what the
     runner puts in its feature-cache keys)."""
-    if external is None:
-        return tasks.content_hashes(ids)
-    out: list = [None] * len(ids)
-    for owner, hashes in ((True, external.content_hashes), (False, tasks.content_hashes)):
-        positions = [k for k, i in enumerate(ids) if external.owns(i) == owner]
-        for k, h in zip(positions, hashes([ids[k] for k in positions]) if positions else ()):
-            out[k] = h
-    return out
+    return per_source(ids, external, external and external.content_hashes, tasks.content_hashes)
