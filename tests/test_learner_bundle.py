@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_learner import colour_images, colour_set, image_folder, tiny_learner, trained_learner
 
 from gdacil.io import CorruptFileError
 from gdacil.learner import BundleError, Learner, rollback, versions
 from gdacil.learner.bundle import current_version, write_version
 
 from _assets import needs_transformers
+from test_learner import colour_images, colour_set, image_folder, tiny_learner, trained_learner
 
 FIXTURE = Path(__file__).parent / "fixtures" / "learner-bundle-v1"
 NAMES = ["red", "green", "blue", "yellow", "purple"]

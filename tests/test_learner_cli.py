@@ -11,8 +11,6 @@ import shlex
 import shutil
 from pathlib import Path
 
-from test_learner import image_folder
-
 from gdacil.cli import main
 
 from _assets import (
@@ -22,6 +20,7 @@ from _assets import (
     needs_openclipart,
     needs_transformers,
 )
+from test_learner import image_folder
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 TINY = ["--backbone", "vit", "--backbone-option", f"config={json.dumps(TINY_VIT)}"]

@@ -14,6 +14,7 @@ BENCHMARKS = {
     "scale": "gdacil.bench.scale",
     "ranpac-lambda": "gdacil.bench.ranpac_lambda",
     "pipeline": "gdacil.bench.pipeline",
+    "serve": "gdacil.bench.serve",
 }
 
 

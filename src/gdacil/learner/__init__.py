@@ -13,7 +13,9 @@ samples, predict, forget, and keep every saved version.
 - :mod:`gdacil.learner.bundle`: the versioned model directory (:func:`versions`,
   :func:`rollback`);
 - :mod:`gdacil.learner.data`: what ``learn`` reads;
-- :mod:`gdacil.learner.cli`: ``gdacil learn / predict / info / forget / versions / rollback``.
+- :mod:`gdacil.learner.serve`: ``gdacil serve``, the model behind an HTTP JSON API;
+- :mod:`gdacil.learner.cli`: ``gdacil learn / predict / info / forget / versions / rollback /
+  serve``.
 
 See docs/learner.md.
 """

@@ -1,4 +1,5 @@
-"""The learner's commands: ``gdacil learn / predict / info / forget / versions / rollback``.
+"""The learner's commands: ``gdacil learn / predict / info / forget / versions / rollback /
+serve``.
 
 :func:`learner_commands` adds them to the ``gdacil`` parser (:mod:`gdacil.cli`). They are thin
 layers over :class:`~gdacil.learner.Learner` and :mod:`gdacil.learner.bundle`; errors (unknown
@@ -92,6 +93,35 @@ def learner_commands(sub) -> None:
     rollback.add_argument("model", metavar="MODEL", help="the model directory")
     rollback.add_argument("version", metavar="VERSION", help="e.g. v1 (or 1)")
     rollback.set_defaults(func=_rollback)
+
+    serve = sub.add_parser(
+        "serve", help="answer predictions (and optionally learns) over HTTP",
+        description="Serve MODEL as an HTTP JSON API (needs: pip install 'gdacil[serve]'): "
+                    "GET /health, GET /info, POST /predict {\"inputs\": [...], \"top_k\": 1} "
+                    "(texts, or base64-encoded image files), and with --allow-learn POST /learn "
+                    "{\"inputs\": [...], \"labels\": [...]}, which saves a new version and swaps "
+                    "it in while predictions keep flowing. Versions written by other commands "
+                    "(gdacil learn, rollback) are picked up within --poll seconds. See "
+                    "docs/learner.md.")
+    serve.add_argument("model", metavar="MODEL", help="the model directory")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default: 127.0.0.1, this machine only)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    serve.add_argument("--allow-learn", action="store_true",
+                       help="accept POST /learn (anyone who can reach the server can then "
+                            "change the model)")
+    serve.add_argument("--max-batch", type=int, default=64, metavar="N",
+                       help="most inputs of concurrent requests answered together (default: 64)")
+    serve.add_argument("--max-inputs", type=int, default=256, metavar="N",
+                       help="most inputs in one request (default: 256)")
+    serve.add_argument("--max-body-mb", type=float, default=32, metavar="MB",
+                       help="largest request body in MiB (default: 32)")
+    serve.add_argument("--poll", type=float, default=1.0, metavar="S",
+                       help="seconds between checks for versions saved by other commands; "
+                            "0: never (default: 1)")
+    serve.add_argument("--log-level", default="info",
+                       choices=("critical", "error", "warning", "info", "debug"))
+    serve.set_defaults(func=_serve)
 
 
 def _progress() -> bool:
@@ -266,4 +296,13 @@ def _rollback(args) -> int:
     info = rollback(args.model, args.version)
     print(f"{args.model}: {info.name} is current again ({info.summary.get('classes', '?')} "
           "classes)")
+    return 0
+
+
+def _serve(args) -> int:
+    from .serve import serve
+
+    serve(args.model, host=args.host, port=args.port, log_level=args.log_level,
+          allow_learn=args.allow_learn, max_batch=args.max_batch, max_inputs=args.max_inputs,
+          max_body=int(args.max_body_mb * (1 << 20)), poll=args.poll)
     return 0

@@ -36,6 +36,7 @@ file                       what
 
 from __future__ import annotations
 
+import copy as _copy
 import difflib
 import json
 import os
@@ -179,6 +180,12 @@ class Learner:
         self._history: list[dict] = []
         self._pending: list[dict] = []
         self._origin: tuple[Path, str] | None = None
+
+    def copy(self) -> Learner:
+        """An independent copy, to learn on while this learner keeps predicting (what
+        ``gdacil serve`` does). A backbone that no strategy trains is shared, not copied."""
+        frozen = self._strategy is None and self._backbone is not None
+        return _copy.deepcopy(self, {id(self._backbone): self._backbone} if frozen else {})
 
     def __repr__(self) -> str:
         return (f"Learner(backbone={self.config.backbone!r}, head={self.config.head!r}, "

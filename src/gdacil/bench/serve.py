@@ -1,0 +1,270 @@
+"""``gdacil bench serve``: the continual classifier's throughput, in process and over HTTP.
+
+For each model (MiniLM on WordNet glosses, EfficientNet-Lite0 on openclipart drawings; a tiny
+random ViT with ``--quick``), a :class:`gdacil.Learner` learns ``classes`` classes and is saved.
+
+* **predict against the bare model.** :meth:`Learner.predict` on a batch of in-memory inputs
+  (decoded images, texts) against the bare model on the same batch: ``Backbone.forward`` on the
+  already preprocessed tensors plus the head's ``decision_function``. The fraction is bare time
+  over predict time (1.0: no overhead). Best of ``repeats`` interleaved rounds.
+* **serve.** ``gdacil serve``'s application (uvicorn, in this process) on a local port; clients
+  are threads with keep-alive connections sending ``POST /predict``. Scenarios: one input per
+  request from 1 and from 8 concurrent clients, and batches of ``batch`` inputs from 1 and 4
+  clients. Each client sends ``requests`` requests after one warm-up; reported: requests and
+  inputs per second over the scenario's wall time, and p50/p99 request latency.
+
+Everything runs with ``--threads`` torch threads. Regenerate with
+``python -m gdacil bench serve --out benchmarks --overwrite`` (writes ``serve.json`` and
+``serve.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import http.client
+import io
+import json
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .common import machine_info, markdown_table, output_arguments, refuse_to_overwrite, write_json
+from .pipeline import TINY_VIT, PipelineBenchConfig, _rounds, _samples, write_images
+
+__all__ = ["FULL", "QUICK", "ServeBenchConfig", "ServeModel", "main", "render", "run"]
+
+
+@dataclass
+class ServeModel:
+    backbone: str
+    options: dict
+    modality: str
+    batch: int            # inputs per batch (predict against bare; batched requests)
+    about: str = ""
+
+
+@dataclass
+class ServeBenchConfig:
+    models: dict
+    classes: int = 20
+    per_class: int = 8
+    requests: int = 40            # per client and scenario
+    repeats: int = 3
+    threads: int = 1
+    seed: int = 0
+
+
+FULL = ServeBenchConfig(models={
+    "minilm": ServeModel("minilm", {}, "text", 32, "all-MiniLM-L6-v2 on WordNet glosses"),
+    "efficientnet-lite0": ServeModel("efficientnet-lite0", {}, "image", 16,
+                                     "EfficientNet-Lite0 (224 px) on openclipart drawings"),
+})
+QUICK = ServeBenchConfig(
+    models={"tiny-vit": ServeModel("vit", {"config": TINY_VIT}, "image", 8,
+                                   "randomly initialised 2-layer ViT, 32 px")},
+    classes=4, per_class=4, requests=5, repeats=1)
+
+#: (scenario name, clients, inputs per request; 0 means the model's batch)
+SCENARIOS = (("single", 1, 1), ("single x8 clients", 8, 1), ("batch", 1, 0),
+             ("batch x4 clients", 4, 0))
+
+
+def _raw_samples(spec: ServeModel, cfg: ServeBenchConfig, folder: Path):
+    """Labelled raw inputs (decoded images or texts), round-robin over ``cfg.classes``."""
+    images = PipelineBenchConfig(models={}, overhead={}, image_classes=cfg.classes,
+                                 images_per_class=cfg.per_class * 2, seed=cfg.seed)
+    if spec.modality == "image":
+        source = write_images(folder, images)
+    ids, labels, load, about = _samples(spec.modality, folder, images, 20_000)
+    keep = [k for k, y in enumerate(labels) if int(y) < cfg.classes]
+    ids, labels = [ids[k] for k in keep], np.asarray(labels)[keep]
+    raws = load(ids)
+    if spec.modality == "image":
+        raws = [im.convert("RGB") for im in raws]
+        about = source
+    return raws, [f"class{int(y):03d}" for y in labels], about
+
+
+def _payload(raws: list, modality: str) -> list[str]:
+    if modality == "text":
+        return list(raws)
+    out = []
+    for im in raws:
+        buffer = io.BytesIO()
+        im.save(buffer, format="JPEG", quality=90)
+        out.append(base64.b64encode(buffer.getvalue()).decode())
+    return out
+
+
+def measure_predict(learner, raws: list, batch: int, repeats: int) -> dict:
+    bb, head = learner.backbone, learner.head
+    inputs = raws[:batch]
+    ready = bb.prepare(inputs, batch_size=batch).batches[0]
+
+    def bare():
+        with torch.no_grad():
+            return head.decision_function(bb.forward(ready))
+
+    def predict():
+        return learner.predict(inputs)
+
+    bare(), predict()  # warm-up
+    timed = _rounds({"bare": bare, "predict": predict}, repeats, long_pass_s=60)
+    bare_s, predict_s = timed["bare"][0], timed["predict"][0]
+    return {"batch": len(inputs), "bare_s": bare_s, "predict_s": predict_s,
+            "fraction": bare_s / predict_s}
+
+
+def _client(port: int, bodies: list[bytes], latencies: list, errors: list) -> None:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    try:
+        for k, body in enumerate(bodies):
+            start = time.perf_counter()
+            connection.request("POST", "/predict", body=body,
+                               headers={"Content-Type": "application/json"})
+            response = connection.getresponse()
+            response.read()
+            if response.status != 200:
+                errors.append(response.status)
+            if k:  # the first request of each client warms its connection up
+                latencies.append(time.perf_counter() - start)
+    finally:
+        connection.close()
+
+
+def measure_serve(directory: Path, payload: list[str], batch: int, cfg: ServeBenchConfig,
+                  log) -> list[dict]:
+    import uvicorn
+
+    from ..learner.serve import ModelService, create_app
+
+    service = ModelService(directory, poll=0, max_inputs=max(256, batch))
+    server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=0,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    rows = []
+    try:
+        for name, clients, size in SCENARIOS:
+            size = size or batch
+            bodies = [[json.dumps({"inputs": [payload[(c * 7 + r * size + i) % len(payload)]
+                                              for i in range(size)]}).encode()
+                       for r in range(cfg.requests + 1)] for c in range(clients)]
+            latencies: list[float] = []
+            errors: list[int] = []
+            workers = [threading.Thread(target=_client, args=(port, b, latencies, errors))
+                       for b in bodies]
+            start = time.perf_counter()
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+            wall = time.perf_counter() - start
+            n = clients * (cfg.requests + 1)
+            row = {"scenario": name, "clients": clients, "inputs_per_request": size,
+                   "requests": n, "errors": len(errors), "requests_per_s": n / wall,
+                   "inputs_per_s": n * size / wall,
+                   "p50_ms": 1e3 * float(np.percentile(latencies, 50)),
+                   "p99_ms": 1e3 * float(np.percentile(latencies, 99))}
+            log(f"  serve {name}: {row['requests_per_s']:.1f} req/s, "
+                f"{row['inputs_per_s']:.1f} inputs/s, p50 {row['p50_ms']:.0f} ms, "
+                f"p99 {row['p99_ms']:.0f} ms")
+            rows.append(row)
+    finally:
+        server.should_exit = True
+        thread.join(60)
+    return rows
+
+
+def bench_model(name: str, spec: ServeModel, cfg: ServeBenchConfig, log) -> dict:
+    from ..learner import Learner
+
+    with tempfile.TemporaryDirectory(prefix="gdacil-bench-serve-") as tmp:
+        raws, labels, source = _raw_samples(spec, cfg, Path(tmp) / "images")
+        seen: dict[str, int] = {}
+        learn, test = [], []
+        for k, y in enumerate(labels):  # every other sample of each class is learned
+            seen[y] = seen.get(y, 0) + 1
+            (learn if seen[y] % 2 else test).append(k)
+        learner = Learner(spec.backbone, backbone_options=spec.options, seed=cfg.seed)
+        start = time.perf_counter()
+        learner.learn([raws[k] for k in learn], [labels[k] for k in learn])
+        learn_s = time.perf_counter() - start
+        learner.save(Path(tmp) / "model")
+        queries = [raws[k] for k in test]
+        predict = measure_predict(learner, queries, spec.batch, cfg.repeats)
+        log(f"{name}: predict {predict['fraction']:.3f} of the bare model at batch "
+            f"{predict['batch']} ({predict['predict_s'] * 1e3:.0f} ms against "
+            f"{predict['bare_s'] * 1e3:.0f} ms)")
+        serve = measure_serve(Path(tmp) / "model", _payload(queries, spec.modality), spec.batch,
+                              cfg, log)
+    return {"about": spec.about, "source": source, "classes": len(learner.classes),
+            "learned": len(learn), "learn_s": learn_s, "predict": predict, "serve": serve}
+
+
+def run(cfg: ServeBenchConfig, log=print) -> dict:
+    torch.set_num_threads(cfg.threads)
+    models = {name: bench_model(name, spec, cfg, log) for name, spec in cfg.models.items()}
+    return {"benchmark": "serve", "config": asdict(cfg), "machine": machine_info(),
+            "models": models}
+
+
+def render(payload: dict) -> str:
+    cfg, models = payload["config"], payload["models"]
+    predict = markdown_table(
+        ["model", "batch", "bare forward + head (ms)", "Learner.predict (ms)", "fraction"],
+        [[name, m["predict"]["batch"], f"{m['predict']['bare_s'] * 1e3:.1f}",
+          f"{m['predict']['predict_s'] * 1e3:.1f}", f"{m['predict']['fraction']:.3f}"]
+         for name, m in models.items()])
+    serve = markdown_table(
+        ["model", "scenario", "clients", "inputs/request", "requests/s", "inputs/s", "p50 ms",
+         "p99 ms", "errors"],
+        [[name, r["scenario"], r["clients"], r["inputs_per_request"], f"{r['requests_per_s']:.1f}",
+          f"{r['inputs_per_s']:.1f}", f"{r['p50_ms']:.0f}", f"{r['p99_ms']:.0f}", r["errors"]]
+         for name, m in models.items() for r in m["serve"]])
+    machine = payload["machine"]
+    intro, bullets = __doc__.split("\n\n")[1:3]
+    return "\n".join([
+        "# The continual classifier's throughput: predict and `gdacil serve`", "",
+        " ".join(intro.split()), "",
+        *("* " + " ".join(b.removeprefix("* ").split()) for b in bullets.split("\n* ")), "",
+        f"Machine: {machine['processor']}, {machine['cpu_count']} cores, {cfg['threads']} "
+        f"torch thread(s), torch {machine['torch']}; "
+        f"{cfg['classes']} classes; {cfg['requests']} requests per client and scenario.", "",
+        "## predict against the bare model", "", predict, "",
+        "## gdacil serve", "", serve, ""])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="gdacil bench serve", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="a tiny random ViT and few requests (seconds; for tests)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--requests", type=int, help="requests per client and scenario")
+    output_arguments(parser, "serve", "serve.json and serve.md")
+    args = parser.parse_args(argv)
+    refuse_to_overwrite(parser, args, "serve.json", "serve.md")
+    cfg = replace(QUICK if args.quick else FULL, threads=args.threads)
+    if args.requests:
+        cfg = replace(cfg, requests=args.requests)
+    payload = run(cfg, log=lambda line: print(line, flush=True))
+    write_json(args.out / "serve.json", payload)
+    from ..io import atomic_write_text
+
+    atomic_write_text(args.out / "serve.md", render(payload))
+    print(render(payload))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,33 @@
+"""``gdacil bench serve --quick``: the two files, every scenario answered without errors, and
+sane figures."""
+
+import json
+import math
+
+from gdacil.bench import BENCHMARKS
+from gdacil.bench.serve import SCENARIOS, main
+
+from _assets import needs_serve, needs_transformers
+
+
+@needs_serve
+@needs_transformers
+def test_quick_run_writes_results_for_every_scenario(tmp_path, capsys):
+    assert BENCHMARKS["serve"] == "gdacil.bench.serve"
+    assert main(["--quick", "--out", str(tmp_path)]) == 0
+    payload = json.loads((tmp_path / "serve.json").read_text())
+    (model,) = payload["models"].values()
+    assert model["classes"] == 4 and model["learned"] == 16
+    predict = model["predict"]
+    assert predict["batch"] == 8 and predict["bare_s"] > 0 and predict["predict_s"] > 0
+    assert [r["scenario"] for r in model["serve"]] == [s[0] for s in SCENARIOS]
+    for row, (_, clients, size) in zip(model["serve"], SCENARIOS):
+        assert row["errors"] == 0 and row["clients"] == clients
+        assert row["inputs_per_request"] == (size or 8)
+        assert row["requests"] == clients * 6
+        assert 0 < row["p50_ms"] <= row["p99_ms"] and math.isfinite(row["requests_per_s"])
+        assert math.isclose(row["inputs_per_s"], row["requests_per_s"] * row["inputs_per_request"])
+    text = (tmp_path / "serve.md").read_text()
+    assert "| tiny-vit | single x8 clients | 8 | 1 |" in text
+    assert "## predict against the bare model" in text
+    capsys.readouterr()
