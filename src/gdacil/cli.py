@@ -158,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     experiment_options(demo)
     demo.set_defaults(func=_demo)
 
-    bench = sub.add_parser("bench", help="benchmarks (speed, defaults, heads, decomposition, drift, strategies, scale, pipeline, ranpac-lambda)",
+    bench = sub.add_parser("bench", help="benchmarks (speed, defaults, heads, decomposition, drift, strategies, scale, pipeline, serve, ranpac-lambda)",
                            description="Run a benchmark; `gdacil bench NAME --help` lists its options.")
     bench.add_argument("name", help="benchmark name (gdacil list benchmarks)")
     bench.add_argument("options", nargs=argparse.REMAINDER, help="options for the benchmark")
@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     lst.add_argument("what", nargs="?", choices=[*CATALOGUE, "configs"])
     lst.set_defaults(func=_list)
 
-    from .learner.cli import learner_commands  # learn, predict, info, forget, versions, rollback
+    from .learner.cli import learner_commands  # learn, predict, ..., serve
 
     learner_commands(sub)
     return parser
