@@ -11,7 +11,7 @@ from gdacil.bench.common import DEFAULT_OUT
 BENCHES = {"speed": "speed.json", "scale": "scale.json", "drift": "drift.json",
            "decomposition": "decomposition.json", "heads": "anchors.json",
            "defaults": "defaults.json", "strategies": "strategies.json",
-           "pipeline": "pipeline.json", "serve": "serve.json"}
+           "pipeline": "pipeline.json", "serve": "serve.json", "sharded": "sharded.json"}
 
 
 @pytest.mark.parametrize("name", sorted(BENCHES))

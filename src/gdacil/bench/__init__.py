@@ -15,6 +15,7 @@ BENCHMARKS = {
     "ranpac-lambda": "gdacil.bench.ranpac_lambda",
     "pipeline": "gdacil.bench.pipeline",
     "serve": "gdacil.bench.serve",
+    "sharded": "gdacil.bench.sharded",
 }
 
 

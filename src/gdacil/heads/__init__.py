@@ -2,7 +2,7 @@
 of their names (:func:`build_head` builds either kind)."""
 
 from ..registry import Registry, RegistryUnion
-from .base import GaussianHead, NotFittedError
+from .base import GaussianHead, ModelTerms, NotFittedError
 from .fecam import FeCAM
 from .lda import LDA
 from .lowrank import LRRGDA
@@ -12,6 +12,7 @@ from .rbf_lda import RBFLDA
 from .rgda import QDA, RGDA
 from .ridge import ACIL, RanPAC
 from .sgd import SGDHead
+from .sharded import ShardedHead
 
 #: Heads built from class statistics (``fit(stats)``), so a drift compensator can move them
 HEADS = Registry("head", {
@@ -60,9 +61,11 @@ __all__ = [
     "FeCAM",
     "GaussianHead",
     "MappedLinearHead",
+    "ModelTerms",
     "NotFittedError",
     "RanPAC",
     "SGDHead",
+    "ShardedHead",
     "build_head",
     "head_class",
 ]

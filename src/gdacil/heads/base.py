@@ -23,6 +23,7 @@ from __future__ import annotations
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -31,7 +32,7 @@ from .._validation import as_features, check_positive_int, finite_flag, first_no
 from ..errors import NotFittedError
 from ..stats import ClassGaussians, ClassStatistics
 
-__all__ = ["GaussianHead", "NotFittedError", "checked_parameters", "finite_scores",
+__all__ = ["GaussianHead", "ModelTerms", "NotFittedError", "checked_parameters", "finite_scores",
            "rescaled_scores", "warn_unless_normalised"]
 
 #: Largest ``|sum(priors) - 1|`` that passes without a warning (scikit-learn's LDA tolerance)
@@ -110,6 +111,35 @@ def rescaled_scores(owner, scores: torch.Tensor, dtype: torch.dtype) -> torch.Te
     return scores.clamp_min_(torch.finfo(dtype).min).to(dtype)
 
 
+@dataclass(frozen=True)
+class ModelTerms:
+    """What a head's rows depend on beyond the classes it is fitted on.
+
+    A head fitted on some of a model's classes (one shard of :class:`~gdacil.heads.ShardedHead`)
+    with the terms of the whole model builds, for its classes, the rows a head fitted on every
+    class would build: the shared covariance terms (LDA; the base ``B`` of RGDA and LR-RGDA) and
+    the priors are the model's, everything else is per class.
+
+    Attributes
+    ----------
+    average_covariance : torch.Tensor
+        ``(d, d)`` float64, the unweighted mean of every class's covariance, ``Sigma_avg``.
+    n_classes : int
+        Classes in the whole model (uniform priors are ``1 / n_classes``).
+    total_count : float
+        Samples of the whole model (empirical priors are ``n_c / total_count``).
+    """
+
+    average_covariance: torch.Tensor
+    n_classes: int
+    total_count: float
+
+    @classmethod
+    def of(cls, stats: ClassStatistics) -> ModelTerms:
+        """The terms of ``stats`` alone (one process holding every class)."""
+        return cls(stats.average_covariance(), stats.n_classes, float(stats.counts.sum()))
+
+
 class GaussianHead(ABC):
     """Base class of the classifiers built from :class:`~gdacil.ClassGaussians`.
 
@@ -140,8 +170,12 @@ class GaussianHead(ABC):
         self.class_batch_size = class_batch_size
 
     # ------------------------------------------------------------------ fitting
-    def fit(self, stats: ClassGaussians) -> GaussianHead:
-        """Build the head from class statistics. Returns ``self``."""
+    def fit(self, stats: ClassGaussians, *, model_terms: ModelTerms | None = None) -> GaussianHead:
+        """Build the head from class statistics. Returns ``self``.
+
+        ``model_terms``: the :class:`ModelTerms` of a model of which ``stats`` hold some classes
+        (default: ``stats`` are the whole model). Priors must then be None or "empirical".
+        """
         if not isinstance(stats, ClassStatistics):
             raise TypeError(f"fit expects ClassGaussians or LowRankGaussians (ClassStatistics), "
                             f"got {type(stats).__name__}")
@@ -151,8 +185,12 @@ class GaussianHead(ABC):
         self.device_ = torch.device(self.device or "cpu")
         self.classes_ = torch.tensor(stats.classes, dtype=torch.int64)
         self.n_features_in_ = stats.dim
-        log_priors = self._log_priors(stats)
-        rows, bias, sign = self._build(stats, log_priors)
+        self._model_terms = model_terms
+        try:
+            log_priors = self._log_priors(stats)
+            rows, bias, sign = self._build(stats, log_priors)
+        finally:
+            del self._model_terms
         self.rows_, self.bias_ = checked_parameters(self, self.dtype, self.device_, rows, bias)
         self.sign_ = float(sign)
         return self
@@ -178,7 +216,22 @@ class GaussianHead(ABC):
         # GEMM kernels slow down by a third on odd column counts (31 x 65 rows against 32 x 65)
         return block - block % 8 if block >= 8 else block
 
+    def _average_covariance(self, stats: ClassStatistics) -> torch.Tensor:
+        """``Sigma_avg`` of the model being fitted: of ``model_terms`` when given, else of
+        ``stats``."""
+        terms = getattr(self, "_model_terms", None)
+        return stats.average_covariance() if terms is None else terms.average_covariance
+
     def _log_priors(self, stats: ClassGaussians) -> torch.Tensor:
+        terms = getattr(self, "_model_terms", None)
+        if terms is not None:
+            if self.priors is None:
+                return torch.full((stats.n_classes,), -float(np.log(terms.n_classes)),
+                                  dtype=torch.float64)
+            if self.priors == "empirical":
+                return (stats.counts.cpu().to(torch.float64) / terms.total_count).log()
+            raise ValueError("a head fitted with model_terms takes priors None or 'empirical'; "
+                             f"got {self.priors!r}")
         C = stats.n_classes
         p, total = self.priors, None
         if p is None:

@@ -63,7 +63,7 @@ class LDA(GaussianHead):
 
     def shared_covariance(self, stats) -> torch.Tensor:
         """The shrunk shared covariance this head inverts."""
-        avg = stats.average_covariance().to(self.device_)
+        avg = self._average_covariance(stats).to(self.device_)
         d = avg.shape[0]
         target = 1.0 if self.shrinkage_target == "identity" else float(avg.trace()) / d
         eye = torch.eye(d, dtype=avg.dtype, device=avg.device)

@@ -231,8 +231,8 @@ class LRRGDA(GaussianHead):
                              "B = alpha2 Sigma_avg + alpha3 I must be positive definite")
         d = stats.dim
         eye = torch.eye(d, dtype=torch.float64, device=self.device_)
-        avg, a3, self.identity_scale_ = base_covariance_terms(stats, a2, a3, self.identity_scale,
-                                                              self.device_)
+        avg, a3, self.identity_scale_ = base_covariance_terms(self, stats, a2, a3,
+                                                              self.identity_scale, self.device_)
         L_B = psd_cholesky(a2 * avg + a3 * eye, name="LR-RGDA base B = alpha2 Sigma_avg + alpha3 I")
         L_B_inv = torch.linalg.solve_triangular(L_B, eye, upper=False)
         logdet_B = logdet_from_cholesky(L_B)
@@ -278,9 +278,9 @@ class LRRGDA(GaussianHead):
                         "base_whitener_": L_B_inv, "center_": mu.mean(0)}
         return rows, bias, 1.0
 
-    def fit(self, stats: ClassGaussians) -> LRRGDA:
+    def fit(self, stats: ClassGaussians, *, model_terms=None) -> LRRGDA:
         self.__dict__.pop("_screen_cache", None)
-        super().fit(stats)
+        super().fit(stats, model_terms=model_terms)
         for name, value in self._fitted_bounds.items():
             setattr(self, name, value.to(device=self.device_, dtype=self.dtype))
         del self._fitted_bounds

@@ -24,12 +24,13 @@ def check_identity_scale(value) -> str:
     return value
 
 
-def base_covariance_terms(stats, alpha2: float, alpha3: float, how: str, device):
-    """``(Sigma_avg, alpha3 * unit, unit)``: the average class covariance (zeros when no term
-    needs it) and the identity term in the units of :func:`identity_scale`."""
+def base_covariance_terms(head, stats, alpha2: float, alpha3: float, how: str, device):
+    """``(Sigma_avg, alpha3 * unit, unit)``: the average class covariance of the model ``head``
+    is fitted to (zeros when no term needs it) and the identity term in the units of
+    :func:`identity_scale`."""
     d = stats.dim
     if alpha2 or (alpha3 and how == "trace"):
-        avg = stats.average_covariance().to(device)
+        avg = head._average_covariance(stats).to(device)
     else:
         avg = torch.zeros(d, d, dtype=torch.float64, device=device)
     unit = identity_scale(stats, avg, how) if alpha3 else 1.0
@@ -122,8 +123,8 @@ class RGDA(GaussianHead):
     def _build(self, stats, log_priors):
         a1, a2, a3 = self._alphas()
         d = stats.dim
-        avg, a3, self.identity_scale_ = base_covariance_terms(stats, a2, a3, self.identity_scale,
-                                                              self.device_)
+        avg, a3, self.identity_scale_ = base_covariance_terms(self, stats, a2, a3,
+                                                              self.identity_scale, self.device_)
         eye = torch.eye(d, dtype=torch.float64, device=self.device_)
         quads, quad_biases, biases = [], [], []
         for _, _, mu, covs in stats.iter_batches(self._block_size(d + 1)):
