@@ -20,6 +20,7 @@ def test_quick_run_writes_results_for_every_scenario(tmp_path, capsys):
     assert model["classes"] == 4 and model["learned"] == 16
     predict = model["predict"]
     assert predict["batch"] == 8 and predict["bare_s"] > 0 and predict["predict_s"] > 0
+    assert predict["preprocess_and_bare_s"] > 0 and predict["fraction_with_preprocessing"] > 0
     assert [r["scenario"] for r in model["serve"]] == [s[0] for s in SCENARIOS]
     for row, (_, clients, size) in zip(model["serve"], SCENARIOS):
         assert row["errors"] == 0 and row["clients"] == clients
