@@ -74,7 +74,8 @@ def check_rows(rank: int) -> dict:
 
 def train_nsp() -> dict:
     """Two NSP-SeqFT tasks on the tiny ViT, global batches of 5 (shares of 3 and 2 rows):
-    the final weights, the accumulated moments after each task and the loss logs."""
+    the final weights, the accumulated moments after each task, the loss logs and what
+    ``on_step`` got (step index and total loss per call)."""
     from gdacil.adapt import build_strategy
     from gdacil.backbones import build_backbone
 
@@ -86,8 +87,11 @@ def train_nsp() -> dict:
     out = {}
     for t in range(2):
         labels = np.repeat([3 * t, 3 * t + 1, 3 * t + 2], 4)
-        log = strategy.adapt_task(bb, t, random_images(12, seed=t), labels, generator=t)
+        steps = []
+        log = strategy.adapt_task(bb, t, random_images(12, seed=t), labels, generator=t,
+                                  on_step=lambda i, losses, s=steps: s.append([i, losses["loss"]]))
         out[f"loss{t}"] = torch.tensor(log["loss"])
+        out[f"steps{t}"] = torch.tensor(steps, dtype=torch.float64)
         out.update({f"moments{t}/{k}": v.clone() for k, v in strategy.moments_.items()})
     out.update({f"weights/{k}": v.detach().clone() for k, v in bb.model.state_dict().items()})
     return out

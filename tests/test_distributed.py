@@ -130,9 +130,14 @@ def test_data_parallel_nsp_training_matches_one_process(ranks):
     """Global batches of 5 split 3 + 2: the weighted, all-reduced gradients give the update of
     one process; the NSP moments are summed over the ranks' shards."""
     (t0, _), (t1, _) = ranks
-    trained = {k: v for k, v in t0.items() if k.startswith(("weights/", "moments", "loss"))}
+    trained = {k: v for k, v in t0.items()
+               if k.startswith(("weights/", "moments", "loss", "steps"))}
     for key, value in trained.items():  # the ranks never drift apart
         assert torch.equal(value, t1[key]), key
+    for t in range(2):  # on_step saw every step's loss summed over the ranks, in order
+        steps = trained[f"steps{t}"]
+        assert steps[:, 0].tolist() == [0, 1, 2]
+        assert steps[:, 1].tolist() == trained[f"loss{t}"].double().tolist()
     torch.set_num_threads(1)
     one = train_nsp()
     assert set(one) == set(trained)

@@ -6,8 +6,13 @@ and the heads built from them (:mod:`gdacil.heads`), led by the low-rank regular
 classifier :class:`LRRGDA`.
 """
 
+import logging
+
 from .lowrank_stats import LowRankGaussians
 from .stats import ClassGaussians, ClassStatistics
+
+# a library configures no logging: the application (or the gdacil command) adds handlers
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __version__ = "0.1.0"
 __all__ = ["ClassGaussians", "ClassStatistics", "Learner", "LowRankGaussians", "__version__"]

@@ -1,8 +1,16 @@
-"""The ``gdacil`` command: run experiments, the offline demo, benchmarks, and list what exists."""
+"""The ``gdacil`` command: run experiments, the offline demo, benchmarks, and list what exists.
+
+Messages of the library's ``gdacil`` loggers go to stderr as ``gdacil: message``: INFO and
+above by default (a run's progress and results table), DEBUG with ``-v/--verbose``, WARNING
+and above with ``-q/--quiet`` (which also hides progress bars). What a command is asked for
+(``list``, ``predict``, ``info``, ...) goes to stdout whatever the verbosity.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import sys
 from importlib import resources
 from pathlib import Path
@@ -16,6 +24,7 @@ EPILOG = """examples:
   gdacil run demo --set seeds=[1,2,3]           a shipped config with overrides
   gdacil run my.yaml --set heads.lr_rgda.rank=32 --resume
   gdacil run paper-cifar100 --check             report missing data or weights, run nothing
+  gdacil -q run demo --tensorboard              warnings only; TensorBoard scalars in the run folder
   torchrun --nproc_per_node 2 -m gdacil run my.yaml   data-parallel on 2 processes
   gdacil bench speed --quick                    head build time, throughput and memory
   gdacil bench scale --classes 1000 10000       LR-RGDA memory, builds, pruned inference at scale
@@ -50,6 +59,8 @@ def _run(args) -> int:
         raise SystemExit(f"gdacil: bad configuration: {exc}") from None
     if getattr(args, "check", False):
         return _check(cfg)
+    cfg.progress = cfg.progress and logging.getLogger("gdacil").isEnabledFor(logging.INFO)
+    cfg.tensorboard = cfg.tensorboard or getattr(args, "tensorboard", False)
     done = []
     try:
         with process_group(cfg.backbone.options.get("device")):  # under torchrun; else a no-op
@@ -127,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "(LR-RGDA heads, HopDC drift compensation).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"gdacil {__version__}")
+    verbosity_options(parser, default=0)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def experiment_options(p):
@@ -135,6 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "--set seeds=[1,2] --set heads.lr_rgda.rank=32")
         p.add_argument("--resume", action="store_true",
                        help="continue an interrupted run from its checkpoints")
+        p.add_argument("--tensorboard", action="store_true",
+                       help="write TensorBoard scalars (Stage-1 losses, accuracies, timings) "
+                            "under the output directory's tensorboard/ (needs "
+                            "pip install 'gdacil[tensorboard]')")
+        verbosity_options(p, default=argparse.SUPPRESS)  # also after the command
 
     run = sub.add_parser("run", help="run an experiment from a YAML config",
                          description="Run a class-incremental experiment: every seed, every task, "
@@ -176,14 +193,47 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def verbosity_options(parser: argparse.ArgumentParser, default) -> None:
+    """``-v/--verbose`` and ``-q/--quiet`` on ``parser``, into ``verbosity`` (1, -1; else
+    ``default``: a subcommand's copy suppresses its default so the top level's value stays)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=1,
+                       default=default, help="also show debug messages (timings of each task)")
+    group.add_argument("-q", "--quiet", dest="verbosity", action="store_const", const=-1,
+                       default=default, help="show warnings and errors only, no progress bars")
+
+
+#: The level of the ``gdacil`` logger for each verbosity.
+LEVELS = {-1: logging.WARNING, 0: logging.INFO, 1: logging.DEBUG}
+
+
+@contextlib.contextmanager
+def logging_to_stderr(level: int):
+    """Send the ``gdacil`` loggers' messages of ``level`` and above to stderr, as
+    ``gdacil: message``, for the duration of the block (then as before: the library alone
+    configures no logging)."""
+    root = logging.getLogger("gdacil")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("gdacil: %(message)s"))
+    saved = root.level
+    root.addHandler(handler)
+    root.setLevel(level)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(saved)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except (OSError, ImportError, KeyError, ValueError) as exc:  # OSError: disk full, read-only, ...
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"gdacil: error: {message}", file=sys.stderr)
-        return 2
+    with logging_to_stderr(LEVELS[args.verbosity]):
+        try:
+            return args.func(args)
+        except (OSError, ImportError, KeyError, ValueError) as exc:  # OSError: disk full, ...
+            message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+            print(f"gdacil: error: {message}", file=sys.stderr)
+            return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,6 +45,7 @@ from .params import block_linears, mlp_weight_names, restore_trainable, set_trai
 __all__ = ["Strategy", "minibatches", "trained_backbone"]
 
 _STATE_FORMAT = 1
+_LOSS_KEYS = ("loss", "task_loss", "kd_loss")  # the rows of a step's loss terms
 
 
 def trained_backbone(backbone: Backbone) -> Backbone:
@@ -174,7 +175,8 @@ class Strategy:
             out[f"{name}.weight"] = soft_projector(v_null, ns.soft).to(module.weight.dtype)
         return out
 
-    def train_task(self, backbone: Backbone, raws: Sequence, labels, *, generator) -> dict:
+    def train_task(self, backbone: Backbone, raws: Sequence, labels, *, generator,
+                   on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict:
         """Train the open task on ``raws`` (raw samples the backbone preprocesses) with
         ``labels`` (global class ids; the temporary head covers their distinct values).
 
@@ -186,6 +188,11 @@ class Strategy:
         forward and backward on its own contiguous share of it, and the gradients are summed
         over the ranks (:meth:`_shared_backward`), so each update equals single-process
         training on the same global batch up to round-off and the ranks stay identical.
+
+        ``on_step``, if given, is called as ``on_step(step, losses)`` after each optimisation
+        step, with ``losses`` mapping ``loss``, ``task_loss`` and ``kd_loss`` to the step's
+        values (reading them waits for the device at every step). Under torch.distributed the
+        ranks' shares are summed once training ends, so the calls come then, in step order.
 
         Returns
         -------
@@ -226,11 +233,12 @@ class Strategy:
         losses: list[torch.Tensor] = []  # (total, task, kd) per step, synchronised at the end
         was_training = bb.model.training
         bb.model.eval()  # dropout off: deterministic given the generator
+        shared = distributed.world_size() > 1
         start = time.perf_counter()
         try:
-            for idx in minibatches(len(raws), tc.batch_size, tc.steps, gen):
+            for step, idx in enumerate(minibatches(len(raws), tc.batch_size, tc.steps, gen)):
                 inputs = self._inputs(bb, [raws[i] for i in idx.tolist()], gen)
-                if distributed.world_size() > 1:
+                if shared:
                     terms = self._shared_backward(bb, head, inputs, targets[idx], task_loss_fn,
                                                   [*trained, head])
                 else:
@@ -238,6 +246,8 @@ class Strategy:
                     loss.backward()
                 opt.step(project)
                 losses.append(terms)
+                if on_step is not None and not shared:
+                    on_step(step, dict(zip(_LOSS_KEYS, terms.tolist())))
             history = torch.stack(losses)
             distributed.all_reduce_sum([history])  # the ranks' weighted shares add up
             history = history.T.tolist()
@@ -248,6 +258,9 @@ class Strategy:
         log["seconds"] = time.perf_counter() - start
         log["steps"] = len(losses)
         log["loss"], log["task_loss"], log["kd_loss"] = history
+        if on_step is not None and shared:
+            for step, values in enumerate(zip(*history)):
+                on_step(step, dict(zip(_LOSS_KEYS, values)))
         return log
 
     def _batch_loss(self, bb: Backbone, head: torch.Tensor, inputs: dict,
@@ -330,12 +343,14 @@ class Strategy:
         self._task = None
 
     def adapt_task(self, backbone: Backbone, task: int, raws: Sequence, labels, *,
-                   generator) -> dict:
+                   generator, on_step: Callable[[int, dict[str, float]], None] | None = None
+                   ) -> dict:
         """:meth:`begin_task`, :meth:`train_task` and :meth:`end_task` with one generator (an int
-        seed gives one fresh ``torch.Generator`` for the three); returns the training log."""
+        seed gives one fresh ``torch.Generator`` for the three); returns the training log.
+        ``on_step`` goes to :meth:`train_task`."""
         gen = make_generator(generator, name="generator")
         self.begin_task(backbone, task, generator=gen)
-        log = self.train_task(backbone, raws, labels, generator=gen)
+        log = self.train_task(backbone, raws, labels, generator=gen, on_step=on_step)
         self.end_task(backbone, raws)
         return log
 

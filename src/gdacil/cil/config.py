@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "REPORTING_KEYS",
     "AnchorConfig",
     "BackboneConfig",
     "ConfigError",
@@ -26,6 +27,11 @@ __all__ = [
 
 class ConfigError(ValueError):
     """A configuration file or override is invalid; the message names the key and the fix."""
+
+
+#: Settings of :class:`ExperimentConfig` that change where a run writes and how it reports its
+#: progress, never its results: left out of its fingerprint and of ``results.json``.
+REPORTING_KEYS = ("output_dir", "cache_dir", "progress", "threads", "tensorboard")
 
 
 def check_output_name(name) -> str:
@@ -198,6 +204,8 @@ class ExperimentConfig:
     output_dir: str | None = None  # default: runs/<name>, plus -<hash> of the --set overrides
     cache_dir: str = "~/.cache/gdacil/features"
     progress: bool = True
+    # TensorBoard scalars under <output_dir>/tensorboard/ (gdacil.callbacks.TensorBoardLogger)
+    tensorboard: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,12 +14,14 @@ import numpy as np
 
 from .._plotting import save_figure, subplots
 from ..io import atomic_write_text
-from .config import ExperimentConfig
+from .config import REPORTING_KEYS, ExperimentConfig
 from .metrics import IncrementalMetrics, summarize_seeds
 
 __all__ = ["results_record", "results_table", "write_results"]
 
 _SUMMARY_KEYS = ("last_acc", "inc_acc", "forgetting", "final_class_balanced_acc")
+
+logger = logging.getLogger(__name__)
 
 
 def results_record(cfg: ExperimentConfig, metrics: dict[int, dict[str, IncrementalMetrics]], *,
@@ -37,14 +40,17 @@ def results_record(cfg: ExperimentConfig, metrics: dict[int, dict[str, Increment
                "overrides": list(getattr(cfg, "overrides", ()))}
     if diagnostics:
         results["drift_diagnostics"] = {str(s): d for s, d in diagnostics.items()}
-    for key in ("output_dir", "cache_dir", "progress", "threads"):
+    for key in REPORTING_KEYS:
         results["config"].pop(key)
     return results
 
 
 def write_results(out: Path, cfg: ExperimentConfig, metrics: dict[int, dict[str, IncrementalMetrics]],
-                  timings: dict, *, diagnostics: dict | None = None, log: Callable = print) -> dict:
-    """Write ``results.json``, ``results.csv``, ``timings.json`` and ``accuracy.png`` under ``out``.
+                  timings: dict, *, diagnostics: dict | None = None,
+                  log: Callable | None = None) -> dict:
+    """Write ``results.json``, ``results.csv``, ``results.md``, ``timings.json`` and
+    ``accuracy.png`` under ``out``, and log the results table (INFO, to this module's logger,
+    or to ``log`` if given).
 
     ``diagnostics`` (per seed, per task, per compensator track: errors against the oracle
     statistics) go into ``results.json`` too. Returns :func:`results_record`."""
@@ -57,8 +63,9 @@ def write_results(out: Path, cfg: ExperimentConfig, metrics: dict[int, dict[str,
     _plot(out / "accuracy.png", cfg.name, metrics)
     table = results_table(summary)
     atomic_write_text(out / "results.md", f"# {cfg.name}\n\n{_run_description(cfg)}\n{table}")
-    log(table)
-    log(f"results written to {out}/ (results.json, results.csv, results.md, timings.json, "
+    say = logger.info if log is None else log
+    say(f"results of {cfg.name} (percent):\n{table.rstrip()}")
+    say(f"results written to {out}/ (results.json, results.csv, results.md, timings.json, "
         "accuracy.png)")
     return results
 

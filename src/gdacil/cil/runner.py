@@ -22,25 +22,33 @@ uncompensated track (:func:`streaming_track`). When the strategy trains the back
 first task, their old classes stay in the old feature space (the paper's no-compensation
 baseline). A checkpoint after every task lets ``resume=True`` continue an interrupted run to
 exactly the results of an uninterrupted one.
+
+Messages go to the ``gdacil.cil.runner`` logger (:mod:`logging`; the library installs no
+handler, the ``gdacil`` command does): INFO for each task's accuracies with the run's progress
+and an estimate of the time left, WARNING for what may surprise, DEBUG for each task's timings.
+:mod:`gdacil.callbacks` get every Stage-1 step's losses, each task's timings and metrics.
 """
 
 from __future__ import annotations
 
+import logging
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from .. import distributed
+from ..callbacks import Callback, CallbackList, TensorBoardLogger
 from ..hashing import sha256_json
 from ..io import remove_stale_temp_files
 from ..stats import ClassGaussians
 from .checkpoint import SeedState, load_checkpoint, save_checkpoint
-from .config import ExperimentConfig, check_output_name
+from .config import REPORTING_KEYS, ExperimentConfig, check_output_name
 from .metrics import IncrementalMetrics, TaskEvaluation
+from .progress import RunProgress
 from .results import results_record, write_results
 
 __all__ = [
@@ -51,6 +59,8 @@ __all__ = [
     "run_experiment",
     "streaming_track",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 def output_dir(cfg: ExperimentConfig) -> Path:
@@ -66,9 +76,10 @@ def output_dir(cfg: ExperimentConfig) -> Path:
 
 
 def experiment_fingerprint(cfg: ExperimentConfig) -> str:
-    """Hash of everything that determines the results (not where they go, nor progress bars)."""
+    """Hash of everything that determines the results (not where they go, nor how the run
+    reports its progress)."""
     d = cfg.to_dict()
-    for key in ("output_dir", "cache_dir", "progress", "threads"):
+    for key in REPORTING_KEYS:
         d.pop(key)
     if cfg.statistics.storage == "dense":  # the default: fingerprints of earlier runs stay valid
         d.pop("statistics")
@@ -104,10 +115,15 @@ def task_seed(seed: int, task: int, purpose: int) -> int:
 
 
 class _SeedRun:
-    def __init__(self, cfg: ExperimentConfig, seed: int, directory: Path, log: Callable):
+    def __init__(self, cfg: ExperimentConfig, seed: int, directory: Path,
+                 log: Callable | None = None, callbacks: CallbackList | None = None,
+                 progress: RunProgress | None = None):
         from ..data import FeatureCache
 
-        self.cfg, self.seed, self.dir, self.log = cfg, seed, directory, log
+        self.cfg, self.seed, self.dir = cfg, seed, directory
+        self.say = _Messages(log)
+        self.callbacks = callbacks if callbacks is not None else CallbackList()
+        self.progress = progress if progress is not None else RunProgress()
         with distributed.main_process_first():  # rank 0 writes the manifest, the others check it
             self.tasks = cfg.build_protocol(seed).build(manifest=directory / "manifest.json")
         self.backbone = build_feature_backbone(cfg)
@@ -169,18 +185,50 @@ class _SeedRun:
         else:
             self._restore(state)
         self._warn_uncompensated(state)
+        self.progress.skip(state.completed)
         for t in range(state.completed, len(self.tasks)):
-            state.timings.append(self.run_task(t, state))
+            self.callbacks.on_task_start(self.seed, t, self._task_info(t))
+            timing = self.run_task(t, state)
+            state.timings.append(timing)
             state.completed = t + 1
             if self.strategy.config.params != "none":
                 state.backbone = {k: v.detach().clone()
                                   for k, v in self.backbone.model.state_dict().items()}
                 state.strategy = self.strategy.state_dict()
             if distributed.is_main_process():
+                start = time.perf_counter()
                 save_checkpoint(self.dir, state, experiment_fingerprint(self.cfg))
+                # in memory only (this checkpoint is written): the next one and timings.json
+                timing["checkpoint_s"] = time.perf_counter() - start
+            self._report(t, state, timing)
             if on_task_end is not None:
                 on_task_end(self.seed, t)
         return state
+
+    def _task_info(self, t: int) -> dict:
+        """What :meth:`Callback.on_task_start` gets for task ``t``."""
+        steps = [self.strategy.config.train.steps if self.strategy.trains_on(j) else 0
+                 for j in range(t + 1)]
+        return {"tasks": len(self.tasks), "classes": len(self.tasks[t].classes),
+                "seen": sum(len(self.tasks[j].classes) for j in range(t + 1)),
+                "train_samples": len(self.tasks[t].train.ids), "steps": steps[t],
+                "first_step": sum(steps[:t])}
+
+    def _report(self, t: int, state: SeedState, timing: dict) -> None:
+        """Log task ``t``'s accuracies with the run's progress, and call the callbacks."""
+        self.progress.task_done(timing["task_s"] + timing.get("checkpoint_s", 0.0))
+        metrics = {label: {"pooled_acc": evals[-1].pooled,
+                           "class_balanced_acc": evals[-1].class_balanced}
+                   for label, evals in state.evaluations.items()}
+        accs = ", ".join(f"{label} {m['pooled_acc']:.3f}" for label, m in metrics.items())
+        seen = sum(len(self.tasks[j].classes) for j in range(t + 1))
+        self.say.info(f"seed {self.seed} task {t + 1}/{len(self.tasks)}: "
+                      f"{len(self.tasks[t].classes)} new classes, {seen} seen; accuracy {accs} "
+                      f"{self.progress.summary()}")
+        self.say.debug(f"seed {self.seed} task {t + 1} timings: " + ", ".join(
+            f"{key} {value:.3f}s" for key, value in timing.items()
+            if key.endswith("_s") and isinstance(value, float)))
+        self.callbacks.on_task_end(self.seed, t, timing, metrics)
 
     def _restore(self, state: SeedState) -> None:
         if state.backbone is not None:
@@ -190,11 +238,14 @@ class _SeedRun:
 
     def _warn_uncompensated(self, state: SeedState) -> None:
         if state.streaming and any(self.strategy.trains_on(t) for t in range(1, len(self.tasks))):
-            self.log(f"seed {self.seed}: streaming heads {', '.join(state.streaming)} learn from "
-                     f"features and are not drift-compensated: strategy {self.strategy.name!r} "
-                     "changes the backbone, and their old classes stay in the old feature space")
+            self.say.warning(
+                f"seed {self.seed}: streaming heads {', '.join(state.streaming)} learn from "
+                f"features and are not drift-compensated: strategy {self.strategy.name!r} "
+                "changes the backbone, and their old classes stay in the old feature space")
 
     def run_task(self, t: int, state: SeedState) -> dict:
+        """Run task ``t``; returns its timings (``task_s``: all of it, before the checkpoint)."""
+        start = time.perf_counter()
         task = self.tasks[t]
         timing: dict = {"task": t}
         clock = _Clock(timing)
@@ -205,10 +256,15 @@ class _SeedRun:
             with clock("adapt_s"):
                 labels = np.asarray(task.train.labels)
                 log = self.strategy.adapt_task(self.backbone, t, self.tasks.load(task.train.ids),
-                                               labels, generator=task_seed(self.seed, t, 0))
+                                               labels, generator=task_seed(self.seed, t, 0),
+                                               on_step=self._on_step(t))
             timing["adapt"] = {k: v for k, v in log.items() if k not in ("loss", "task_loss",
                                                                             "kd_loss")}
             timing["adapt"]["final_loss"] = log["loss"][-1] if log.get("loss") else None
+            final = timing["adapt"]["final_loss"]
+            self.say.debug(f"seed {self.seed} task {t + 1}: Stage-1 {log['steps']} steps in "
+                           f"{log['seconds']:.2f}s, final loss "
+                           f"{'-' if final is None else format(final, '.4g')}")
         with clock("features_s"):  # one extraction for the task's samples and the anchors
             position = {i: k for k, i in enumerate(dict.fromkeys([*task.train.ids, *anchor_ids]))}
             after = self.features(list(position))
@@ -227,10 +283,15 @@ class _SeedRun:
         timing["stats_bytes"] = {track: s.nbytes for track, s in state.tracks.items()}
         self._evaluate(t, state, timing, X)
         timing["max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        accs = ", ".join(f"{k} {v[-1].pooled:.3f}" for k, v in state.evaluations.items())
-        self.log(f"seed {self.seed} task {t + 1}/{len(self.tasks)}: {len(task.classes)} new classes, "
-                 f"{sum(len(self.tasks[j].classes) for j in range(t + 1))} seen; accuracy {accs}")
+        timing["task_s"] = time.perf_counter() - start
         return timing
+
+    def _on_step(self, t: int) -> Callable | None:
+        """The strategy's ``on_step`` for task ``t``: ``None`` (no per-step wait for the device)
+        unless a callback reads step losses."""
+        if not self.callbacks.wants_steps:
+            return None
+        return lambda step, losses: self.callbacks.on_train_step(self.seed, t, step, losses)
 
     def _anchor_ids(self, t: int) -> list[str]:
         if t == 0 or not self.needs_anchors:
@@ -284,7 +345,8 @@ class _SeedRun:
 
     def _evaluate(self, t: int, state: SeedState, timing: dict, X_task: torch.Tensor) -> None:
         seen = range(t + 1)
-        X_test = torch.cat([self.features(self.tasks[j].test.ids) for j in seen])
+        with _Clock(timing)("test_features_s"):
+            X_test = torch.cat([self.features(self.tasks[j].test.ids) for j in seen])
         y_test = np.concatenate([np.asarray(self.tasks[j].test.labels) for j in seen])
         task_of = np.concatenate([np.full(len(self.tasks[j].test.ids), j) for j in seen])
         timing["heads"] = {}
@@ -337,12 +399,13 @@ class _Clock:
 
 
 def run_experiment(cfg: ExperimentConfig, *, resume: bool = False, overwrite: bool = False,
-                   log: Callable = print, on_task_end: Callable | None = None) -> dict:
+                   log: Callable | None = None, on_task_end: Callable | None = None,
+                   callbacks: Sequence[Callback] = ()) -> dict:
     """Run every seed of ``cfg``; write results, plots and checkpoints to its output directory.
 
     Under torch.distributed (``torchrun``, see :mod:`gdacil.distributed`) every rank calls
     this: feature extraction and Stage-1 training are shared out, everything else is computed
-    identically on every rank, and only rank 0 writes files and calls ``log``.
+    identically on every rank, and only rank 0 writes files, logs and calls ``callbacks``.
 
     Parameters
     ----------
@@ -351,9 +414,17 @@ def run_experiment(cfg: ExperimentConfig, *, resume: bool = False, overwrite: bo
     overwrite : bool
         Discard checkpoints of an earlier run in the output directory (its protocol manifests
         stay, so a run whose split differs is still refused).
+    log : callable, optional
+        Receives each message of level INFO and above as one string, instead of the
+        ``gdacil.cil.runner`` and ``gdacil.cil.results`` loggers.
     on_task_end : callable, optional
         Called as ``on_task_end(seed, task_index)`` after each task's checkpoint is written
         (on every rank).
+    callbacks : sequence of :class:`gdacil.callbacks.Callback`
+        Told of the run's start and end, each task's start, every Stage-1 step's losses, and
+        each task's timings and accuracies. With ``cfg.tensorboard`` a
+        :class:`~gdacil.callbacks.TensorBoardLogger` writing to ``<output_dir>/tensorboard``
+        is added.
 
     Returns
     -------
@@ -364,20 +435,27 @@ def run_experiment(cfg: ExperimentConfig, *, resume: bool = False, overwrite: bo
     fingerprint = experiment_fingerprint(cfg)
     main = distributed.is_main_process()
     log = log if main else _quiet
+    say = _Messages(log)
+    callbacks = CallbackList(_run_callbacks(cfg, out, callbacks) if main else ())
+    progress = RunProgress()
     threads = torch.get_num_threads()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     if main:  # what writers killed mid-write (kill -9) left here more than an hour ago
         for folder in (out, *(out / f"seed_{seed}" for seed in cfg.seeds)):
             remove_stale_temp_files(folder)
+    say.debug(f"{cfg.name}: seeds {', '.join(map(str, cfg.seeds))}, output {out}/, "
+              f"fingerprint {fingerprint[:12]}")
+    callbacks.on_run_start(cfg)
     try:
         states, n_tasks = {}, 0
         for seed in cfg.seeds:
             seed_dir = out / f"seed_{seed}"
             state = _initial_state(seed_dir, fingerprint, resume, overwrite)
             if state is not None:
-                log(f"seed {seed}: resuming after task {state.completed}")
-            runner = _SeedRun(cfg, seed, seed_dir, log)
+                say.info(f"seed {seed}: resuming after task {state.completed}")
+            runner = _SeedRun(cfg, seed, seed_dir, log, callbacks, progress)
+            progress.total = progress.total or len(cfg.seeds) * len(runner.tasks)
             states[seed] = runner.run(state, on_task_end)
             n_tasks = len(runner.tasks)
     finally:
@@ -390,8 +468,17 @@ def run_experiment(cfg: ExperimentConfig, *, resume: bool = False, overwrite: bo
     else:
         results = write_results(out, cfg, metrics, {s: st.timings for s, st in states.items()},
                                 diagnostics=diagnostics, log=log)
+    callbacks.on_run_end(results)
     distributed.barrier()  # every rank returns once the results are on disk
     return results
+
+
+def _run_callbacks(cfg: ExperimentConfig, out: Path, callbacks: Sequence[Callback]) -> list:
+    """``callbacks``, and the TensorBoard logger if ``cfg`` asks for it."""
+    callbacks = list(callbacks)
+    if cfg.tensorboard:
+        callbacks.append(TensorBoardLogger(out / "tensorboard"))
+    return callbacks
 
 
 def _initial_state(seed_dir: Path, fingerprint: str, resume: bool, overwrite: bool
@@ -415,6 +502,29 @@ def _initial_state(seed_dir: Path, fingerprint: str, resume: bool, overwrite: bo
 
 def _quiet(*_args, **_kwargs) -> None:
     """The ``log`` of ranks other than 0."""
+
+
+class _Messages:
+    """The runner's messages: to :data:`logger` at their level, or, given ``log``, to ``log``
+    as plain strings (INFO and above; the ``log`` argument of :func:`run_experiment`)."""
+
+    def __init__(self, log: Callable | None = None):
+        self.log = log
+
+    def emit(self, level: int, message: str) -> None:
+        if self.log is None:
+            logger.log(level, message)
+        elif level >= logging.INFO:
+            self.log(message)
+
+    def debug(self, message: str) -> None:
+        self.emit(logging.DEBUG, message)
+
+    def info(self, message: str) -> None:
+        self.emit(logging.INFO, message)
+
+    def warning(self, message: str) -> None:
+        self.emit(logging.WARNING, message)
 
 
 def _metrics(evaluations: list[TaskEvaluation], n_tasks: int) -> IncrementalMetrics:

@@ -125,9 +125,12 @@ def learner_commands(sub) -> None:
 
 
 def _progress() -> bool:
+    """Progress bars on a terminal, unless ``gdacil --quiet`` silenced INFO messages."""
     import importlib.util
+    import logging
 
-    return sys.stderr.isatty() and importlib.util.find_spec("tqdm") is not None
+    return (sys.stderr.isatty() and importlib.util.find_spec("tqdm") is not None
+            and logging.getLogger("gdacil").isEnabledFor(logging.INFO))
 
 
 def _options(items: list[str], flag: str) -> dict:
