@@ -7,14 +7,14 @@ map is fully described by :meth:`FeatureMap.to_dict` (a few numbers): nothing el
 weights; regenerating weights that do not match it (another torch release drawing differently)
 raises instead of silently giving another map.
 
-=================  ===========================================================  ===============
-map                ``phi(x)``                                                   used by
-=================  ===========================================================  ===============
-:class:`Identity`  ``x``                                                        ridge on raw x
-:class:`RandomReLU`  ``relu(x W)``, ``W_ij ~ N(0, 1)``                          RanPAC
-:class:`RandomBuffer`  ``relu(x W)``, ``W_ij ~ U(-1/sqrt(d), 1/sqrt(d))``       ACIL
-:class:`RandomFourier`  ``sqrt(2/D) cos(x Omega + b)``, ``Omega ~ N(0, s^-2)``  RBF-LDA
-=================  ===========================================================  ===============
+========================  ======================================================  ==============
+map                       ``phi(x)``                                              used by
+========================  ======================================================  ==============
+:class:`Identity`         ``x``                                                   ridge on raw x
+:class:`RandomReLU`       ``relu(x W)``, ``W_ij ~ N(0, 1)``                       RanPAC
+:class:`RandomBuffer`     ``relu(x W)``, ``W_ij ~ U(-1/sqrt(d), 1/sqrt(d))``      ACIL
+:class:`RandomFourier`    ``sqrt(2/D) cos(x Omega + b)``, ``Omega ~ N(0, s^-2)``  RBF-LDA
+========================  ======================================================  ==============
 
 Maps are applied in row chunks, so the temporaries of one call stay near 32 MiB whatever the batch.
 :class:`RandomReLU`, :class:`RandomBuffer` and :class:`Identity` are positively homogeneous

@@ -200,7 +200,7 @@ _SHARED_ATTRIBUTES = """\
         Class labels seen so far, sorted.
     n_features_in_ : int
         Number of features seen during ``fit``.
-    feature_names_in_ : ndarray of shape (n_features_in_,)
+    feature_names_in_ : ndarray of shape (`n_features_in_`,)
         Names of the features seen during ``fit``; defined only when ``X`` had string column
         names."""
 

@@ -1,20 +1,20 @@
 """Stage-1 backbone adaptation strategies, by name.
 
-=============  =================================================================================
-name           what (paper defaults)
-=============  =================================================================================
-``frozen``     no training
-``seqft``      MLP weights of every block (biases frozen), SGD m=0.9, lr 5e-6, head 5e-5, 1000 st.
-``seqkd``      seqft + feature distillation (kd_weight 1.0), 1500 steps
-``nsp_seqft``  seqft with null-space gradient projection (eps 0.05, soft 0.02), 1500 steps
-``nsp_seqkd``  nsp_seqft + distillation (kd_weight 0.5), 1500 steps
-``lora_seqft`` fresh rank-4 LoRA (q/k/v, MLP) per task, merged after it; AdamW lr 1e-4, head
-               1e-3, 1500 steps
-``lora_seqkd`` lora_seqft + distillation (kd_weight 1.0)
-``randproj``   LoRA on the first task only (cross-entropy, AdamW 1e-4 / 1e-3, 2000 steps, cosine
-               to 0.3 lr: the reference code's recipe; the paper gives none), then frozen; the random ReLU projection on top is
-               :class:`gdacil.backbones.RandomProjection`
-=============  =================================================================================
+==============  ================================================================================
+name            what (paper defaults)
+==============  ================================================================================
+``frozen``      no training
+``seqft``       MLP weights of every block (biases frozen), SGD m=0.9, lr 5e-6, head 5e-5, 1000 st.
+``seqkd``       seqft + feature distillation (kd_weight 1.0), 1500 steps
+``nsp_seqft``   seqft with null-space gradient projection (eps 0.05, soft 0.02), 1500 steps
+``nsp_seqkd``   nsp_seqft + distillation (kd_weight 0.5), 1500 steps
+``lora_seqft``  fresh rank-4 LoRA (q/k/v, MLP) per task, merged after it; AdamW lr 1e-4, head
+                1e-3, 1500 steps
+``lora_seqkd``  lora_seqft + distillation (kd_weight 1.0)
+``randproj``    LoRA on the first task only (cross-entropy, AdamW 1e-4 / 1e-3, 2000 steps, cosine
+                to 0.3 lr: the reference code's recipe; the paper gives none), then frozen; the
+                random ReLU projection on top is :class:`gdacil.backbones.RandomProjection`
+==============  ================================================================================
 
 Every strategy uses the SCE loss (lambda1 = lambda2 = 0.5) on a temporary head over the task's
 classes, 10 % linear warmup then cosine to lr / 3, batch size 16, weight decay 3e-5.

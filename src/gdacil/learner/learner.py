@@ -134,12 +134,15 @@ class Learner:
 
     Examples
     --------
+    >>> import os, tempfile
     >>> from gdacil.learner import Learner
-    >>> learner = Learner("minilm")                                   # doctest: +SKIP
-    >>> learner.learn(["a purring cat", "a barking dog"], ["cat", "dog"])  # doctest: +SKIP
-    >>> learner.predict("a kitten", top_k=2)[0].label                # doctest: +SKIP
+    >>> learner = Learner("minilm")
+    >>> print(learner.learn(["a purring cat", "a barking dog"], ["cat", "dog"]))
+    learned 2 samples of 2 classes (2 new, 0 updated)
+    >>> learner.predict("a kitten", top_k=2)[0].label
     'cat'
-    >>> learner.save("pets")                                          # doctest: +SKIP
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     learner.save(os.path.join(tmp, "pets"))
     'v1'
     """
 

@@ -89,10 +89,19 @@ class ModelService:
 
     Examples
     --------
-    >>> from gdacil.learner.serve import ModelService                     # doctest: +SKIP
-    >>> with ModelService("pets") as service:                             # doctest: +SKIP
-    ...     service.predict(["a kitten"], top_k=2)["predictions"][0][0]["class"]
+    >>> import os, tempfile
+    >>> from gdacil.learner import Learner
+    >>> from gdacil.learner.serve import ModelService
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> pets = os.path.join(tmp.name, "pets")
+    >>> learner = Learner("minilm")
+    >>> _ = learner.learn(["a purring cat", "a barking dog"], ["cat", "dog"])
+    >>> learner.save(pets)
+    'v1'
+    >>> with ModelService(pets) as service:
+    ...     service.predict({"inputs": ["a kitten"], "top_k": 2})["predictions"][0][0]["class"]
     'cat'
+    >>> tmp.cleanup()
     """
 
     def __init__(self, directory, *, allow_learn: bool = False, max_batch: int = 64,
