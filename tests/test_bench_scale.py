@@ -36,6 +36,10 @@ def test_quick_inline_run_reports_every_figure(tmp_path):
         for p in r["pruned"]:
             assert p["equal_to_dense"], p
             assert 0 < p["pairs_scored_fraction"] <= 1
+        # the default path: below 1,000 classes "auto" and predict score densely, exactly
+        assert [(a["k"], a["mode"]) for a in r["auto"]] == [(1, "dense"), (bench.QUICK.topk, "dense")]
+        assert all(a["equal_to_dense"] for a in r["auto"]) and r["predict"]["equal_to_dense"]
+        assert r["predict"]["speedup"] > 0
         assert r["build_s"] == pytest.approx(r["compress_s"] + r["fit_s"])
         assert r["decomposed_on_refit"] == 0  # the stored eigenpairs are reused
         d, q = bench.QUICK.dim, bench.QUICK.rank
@@ -43,6 +47,7 @@ def test_quick_inline_run_reports_every_figure(tmp_path):
         assert r["peer_dense_fp32_bytes"] == r["classes"] * d * d * 4
     md = (tmp_path / "scale.md").read_text()
     assert "python -m gdacil bench scale --quick --inline" in md
+    assert "## The default path against dense" in md and "| 60 | predict | dense |" in md
     assert (tmp_path / "scale.png").stat().st_size > 0
 
 

@@ -494,6 +494,7 @@ def test_auto_pruning_follows_the_pilot_pass_rate_and_stays_exact(spread, k, mod
     import gdacil.heads.lowrank as lowrank
 
     monkeypatch.setattr(lowrank, "AUTO_PILOT", 16)  # a pilot batch, then 16-sample batches
+    monkeypatch.setattr(lowrank, "AUTO_MIN_CLASSES", 10)  # 40 classes count as many
     stats, queries = pruning_problem(spread)
     head = LRRGDA(rank=6).fit(stats)
     dense_scores, dense_labels = head.top_k(queries, k, pruned=False)
@@ -684,11 +685,24 @@ def test_predict_of_many_classes_takes_the_pruned_argmax(monkeypatch):
     stats, queries = pruning_problem(4.0)
     head = LRRGDA(rank=6).fit(stats)
     dense = head.decision_function(queries).argmax(1)
-    monkeypatch.setattr(lowrank, "PRUNED_PREDICT_CLASSES", 10)  # 40 classes count as many
+    monkeypatch.setattr(lowrank, "AUTO_MIN_CLASSES", 10)  # 40 classes count as many
     head.__dict__.pop("last_pruning_", None)
     assert torch.equal(head.predict(queries), head.classes_[dense])
     assert head.last_pruning_["mode"] == "pruned"
-    monkeypatch.setattr(lowrank, "PRUNED_PREDICT_CLASSES", 1000)
+    monkeypatch.setattr(lowrank, "AUTO_MIN_CLASSES", 1000)
     head.__dict__.pop("last_pruning_", None)
     assert torch.equal(head.predict(queries), head.classes_[dense])
-    assert not hasattr(head, "last_pruning_")  # dense
+    assert not hasattr(head, "last_pruning_")  # dense, through decision_function
+
+
+def test_auto_top_k_of_a_small_head_scores_densely():
+    """Below AUTO_MIN_CLASSES the screening costs more than it saves: "auto" is dense, exact,
+    and says so; pruned=True still prunes."""
+    stats, queries = pruning_problem(4.0)
+    head = LRRGDA(rank=6).fit(stats)
+    dense_scores, dense_labels = head.top_k(queries, 3, pruned=False)
+    scores, labels = head.top_k(queries, 3)
+    assert head.last_pruning_["mode"] == "dense" and head.last_pruning_["pairs_scored_fraction"] == 1
+    assert torch.equal(labels, dense_labels) and torch.equal(scores, dense_scores)
+    head.top_k(queries, 3, pruned=True, screen_rank=2)
+    assert head.last_pruning_["mode"] == "pruned" and head.last_pruning_["pairs_scored_fraction"] < 1

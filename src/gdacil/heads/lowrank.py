@@ -43,9 +43,11 @@ __all__ = ["LRRGDA"]
 #: a quarter.
 AUTO_PILOT = 256
 AUTO_MAX_PASS = 0.25
-#: From this many classes ``predict`` takes the exact pruned argmax (``top_k(X, 1)``, "auto"):
-#: 3.7-4.8x dense at 1,000 classes in ``gdacil bench scale``; smaller heads score densely
-PRUNED_PREDICT_CLASSES = 1000
+#: From this many classes ``pruned="auto"`` tries pruning (and ``predict`` takes the exact
+#: pruned argmax, ``top_k(X, 1)``): 3.7-4.8x dense at 1,000 classes in ``gdacil bench scale``,
+#: while on small heads the screening costs more than it saves (0.1-0.3x dense at 60-120
+#: classes); smaller heads score densely
+AUTO_MIN_CLASSES = 1000
 #: Classes (of those with candidate pairs) per batched GEMM when the pruned top-k scores its pairs
 _RESCORE_CLASSES = 16
 #: ... scored against every sample (one plain GEMM, no gather) when one of them needs at least
@@ -288,12 +290,12 @@ class LRRGDA(GaussianHead):
         return self
 
     def predict(self, X) -> torch.Tensor:
-        """Predicted class labels. From :data:`PRUNED_PREDICT_CLASSES` classes on, the exact
+        """Predicted class labels. From :data:`AUTO_MIN_CLASSES` classes on, the exact
         pruned argmax of :meth:`top_k` (``pruned="auto"``: it falls back to dense scoring where
         pruning would not pay); the dense argmax otherwise. Both give the dense argmax (up to
         exact ties between classes)."""
         rows = getattr(self, "rows_", None)  # unfitted: the base class says so
-        if rows is not None and rows.shape[0] >= PRUNED_PREDICT_CLASSES and rows.shape[1] > 5:
+        if rows is not None and rows.shape[0] >= AUTO_MIN_CLASSES and rows.shape[1] > 5:
             return self.top_k(X, 1)[1][:, 0]
         return super().predict(X)
 
@@ -330,6 +332,7 @@ class LRRGDA(GaussianHead):
         k : int, default 5
         pruned : "auto" or bool, default "auto"
             ``True`` prunes every sample batch, ``False`` scores every class densely. "auto"
+            scores heads of fewer than ``AUTO_MIN_CLASSES`` classes densely; on larger ones it
             prunes the first batch (at most ``AUTO_PILOT`` samples) and goes on pruning only if
             fewer than ``AUTO_MAX_PASS`` of its (sample, class) pairs passed the screening;
             otherwise the rest is scored densely, which is then as fast or faster (see
@@ -364,8 +367,11 @@ class LRRGDA(GaussianHead):
         screen = self._screen_dtype(screen_dtype) if j else self.dtype
         if pruned not in ("auto", True, False):
             raise ValueError(f"pruned must be 'auto', True or False; got {pruned!r}")
-        if not pruned or j == rows_per_class - 1 or not X.shape[0]:
+        if (not pruned or (pruned == "auto" and C < AUTO_MIN_CLASSES)
+                or j == rows_per_class - 1 or not X.shape[0]):
             scores, idx = self._decision(X).topk(k, dim=1)
+            self.last_pruning_ = {"pairs_scored_fraction": 1.0, "classes_scored_fraction": 1.0,
+                                  "screen_rank": 0, "screen_dtype": None, "mode": "dense"}
             return scores, self.classes_[idx.cpu()]
         sample_batch = check_positive_int(sample_batch, "sample_batch")
         parts, mode = [], "pruned"
