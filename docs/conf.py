@@ -52,12 +52,7 @@ _SKLEARN_GENERATED = re.compile(r"set_\w+_request")
 # Links from docs/*.md to Markdown files outside docs/ (benchmarks/*.md) work on a repository
 # browser but name no page of this site: make them MyST "path:" links, which copy the file into
 # the site as a download, instead of a missing-document warning. A target that does not exist
-# still fails the build (download.not_readable), except these, which are not committed yet:
-# (an entry changes nothing once its file exists; drop it then)
-NOT_YET_COMMITTED = {
-    "../benchmarks/serve.md": "written by `gdacil bench serve`; docs/learner.md links it",
-    "../benchmarks/sharded.md": "written by `gdacil bench sharded`; docs/distributed.md links it",
-}
+# still fails the build (download.not_readable).
 _OUTSIDE_MD_LINK = re.compile(r"\[([^\]]+)\]\((\.\./[^)\s#]+\.md)\)")
 
 
@@ -78,11 +73,7 @@ def _numpy_docstring(app, what, name, obj, options, lines):
 
 def _outside_links_as_downloads(app, docname, source):
     def link(match):
-        text, target = match[1], match[2]
-        if target in NOT_YET_COMMITTED and not (app.srcdir / docname).parent.joinpath(
-                target).exists():
-            return text  # the link's text alone until the file is committed
-        return f"[{text}](path:{target})"
+        return f"[{match[1]}](path:{match[2]})"
 
     source[0] = _OUTSIDE_MD_LINK.sub(link, source[0])
 
