@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -195,8 +195,10 @@ class Backbone(abc.ABC):
             batches.append(self.preprocess(batch))
         return PreparedInputs(n, order, batches)
 
-    def extract_prepared(self, prepared: PreparedInputs) -> torch.Tensor:
-        """Features of :meth:`prepare`'s batches, in the order of the raw inputs."""
+    def extract_prepared(self, prepared: PreparedInputs, *,
+                         on_batch: Callable[[int], object] | None = None) -> torch.Tensor:
+        """Features of :meth:`prepare`'s batches, in the order of the raw inputs;
+        ``on_batch(n)`` is called after each forward pass of ``n`` samples (progress bars)."""
         was_training = self.model.training
         self.model.eval()
         out = []
@@ -205,6 +207,8 @@ class Backbone(abc.ABC):
                 for inputs in prepared.batches:
                     inputs = {k: v.to(self.device, non_blocking=True) for k, v in inputs.items()}
                     out.append(self.forward(inputs).float().cpu())
+                    if on_batch is not None:
+                        on_batch(len(out[-1]))
         finally:
             self.model.train(was_training)
         if not out:

@@ -69,12 +69,14 @@ def extract_features(
     step = batch_size * load_batches
     chunks = [ids[s : s + step] for s in range(0, len(ids), step)]
     prepared = _prepared_chunks(backbone, chunks, load, batch_size, num_workers)
-    if progress:
+    if not progress:
+        parts = [backbone.extract_prepared(p) for p in prepared]
+    else:  # counted in samples, after every forward pass: a bar that moves, with a rate and ETA
         tqdm = require("tqdm.auto", feature="progress bars",
                        install="pip install 'gdacil[cli]'").tqdm
-        prepared = tqdm(prepared, total=len(chunks), unit="batch",
-                        desc=f"features ({getattr(backbone, 'name', 'backbone')})")
-    parts = [backbone.extract_prepared(p) for p in prepared]
+        with tqdm(total=len(ids), unit="sample",
+                  desc=f"features ({getattr(backbone, 'name', 'backbone')})") as bar:
+            parts = [backbone.extract_prepared(p, on_batch=bar.update) for p in prepared]
     return torch.cat(parts) if parts else torch.empty(0, backbone.dim)
 
 
