@@ -410,6 +410,13 @@ def test_fecam_from_class_statistics_equals_streaming():
     # a later partial_fit copies the caller's statistics instead of changing them
     direct.partial_fit(Xq, torch.full((len(Xq),), 6))
     assert stats.classes == [1, 4] and direct.classes_.tolist() == [1, 4, 6]
+    # low-rank statistics cannot take samples: a clear error, and the head is unchanged
+    from gdacil import LowRankGaussians
+
+    low = FeCAM(alpha1=0.5, tukey=0.5).fit(LowRankGaussians.from_dense(stats, rank=2))
+    with pytest.raises(ValueError, match="fitted on LowRankGaussians, which cannot take new"):
+        low.partial_fit(Xq, torch.full((len(Xq),), 6))
+    assert low.classes_.tolist() == [1, 4]
 
 
 def test_fecam_signed_tukey_on_negative_features_is_finite():

@@ -21,6 +21,7 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -104,7 +105,7 @@ def init_from_env(device: torch.device | str | None = None, *, backend: str | No
         backend = "nccl" if device is not None and torch.device(device).type == "cuda" else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    kwargs = {} if timeout is None else {"timeout": timeout}
+    kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
     dist.init_process_group(backend=backend, **kwargs)
     return True
 
@@ -250,7 +251,7 @@ def all_reduce_grads(params: Sequence[torch.nn.Parameter]) -> None:
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    all_reduce_sum([p.grad for p in params])
+    all_reduce_sum([cast(torch.Tensor, p.grad) for p in params])  # every one set above
 
 
 def all_reduce_stats(stats: ClassGaussians) -> ClassGaussians:

@@ -111,7 +111,7 @@ HASH_MEMO_ENV = "GDACIL_HASH_CACHE"
 RACY_WINDOW_NS = 2_000_000_000
 _MEMO_FORMAT = "gdacil.file-hashes/1"
 #: Parsed memo shards of this process: path -> (the shard file's stat signature, content).
-_SHARDS: dict[Path, tuple[tuple, dict]] = {}
+_SHARDS: dict[Path, tuple[tuple | None, dict]] = {}
 #: Memo folders whose stale temporary files this process removed.
 _CLEANED: set[Path] = set()
 #: How many files :func:`file_sha256s` read and hashed in this process (for tests and benchmarks).
@@ -130,10 +130,12 @@ def hash_memo_dir() -> Path | None:
 def file_sha256(path: str | os.PathLike) -> str:
     """Hex sha256 of a file's bytes (read in chunks, never memoised)."""
     global FILES_READ
-    with open(path, "rb") as fh:
-        digest = hashlib.file_digest(fh, "sha256").hexdigest()
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:  # hashlib.file_digest needs Python 3.11; gdacil supports 3.10
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
     FILES_READ += 1
-    return digest
+    return digest.hexdigest()
 
 
 def _signature(st: os.stat_result) -> list[int]:

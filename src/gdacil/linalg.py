@@ -137,6 +137,7 @@ def orthonormalize(Y: torch.Tensor, *, tol: float = 1e-10) -> torch.Tensor:
     k = Y.shape[-1]
     eye = torch.eye(k, dtype=Y.dtype, device=Y.device)
     Q, ok = Y, torch.ones(Y.shape[:-2], dtype=torch.bool, device=Y.device)
+    shift: float | torch.Tensor
     for _ in range(2):
         G = Q.transpose(-1, -2) @ Q
         shift = 11 * (Y.shape[-2] * k + k * (k + 1)) * torch.finfo(Y.dtype).eps

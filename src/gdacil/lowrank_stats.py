@@ -156,7 +156,7 @@ class LowRankGaussians(ClassStatistics):
         if isinstance(random_state, bool) or not isinstance(random_state, int):
             raise ValueError(f"random_state must be an int seed; got {random_state!r}")
         self.random_state = random_state
-        f64 = {"dtype": torch.float64, "device": self.device}
+        f64: dict[str, Any] = {"dtype": torch.float64, "device": self.device}
         self._eigenvectors = torch.zeros(0, dim, self.rank, dtype=self.dtype, device=self.device)
         self._eigenvalues = torch.zeros(0, self.rank, **f64)
         self._residual_variances = torch.zeros(0, **f64)

@@ -89,8 +89,8 @@ class RegistryUnion(Registry):
         self.kind = kind
         self._registries = registries
 
-    @property
-    def _factories(self) -> dict[str, Callable[..., Any]]:
+    @property  # a read-only view of the registries' factories (__init__ does not set it)
+    def _factories(self) -> dict[str, Callable[..., Any]]:  # type: ignore[override]
         merged: dict[str, Callable[..., Any]] = {}
         for registry in self._registries:
             merged.update(registry._factories)

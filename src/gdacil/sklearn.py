@@ -140,6 +140,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 import torch
@@ -330,10 +331,11 @@ class _GaussianClassifier(ClassifierMixin, BaseEstimator):
     ``_check_class_counts`` and ``_fixed_params`` (parameters the statistics depend on).
     """
 
-    _head_class: type = None
+    _head_class: type[Any] = None  # type: ignore[assignment]  # every concrete subclass sets it
     #: Parameters the statistics depend on (a feature map, a transform): fixed by the first batch
     _fixed_params: tuple[str, ...] = ()
     _STATE_DOC = _GAUSSIAN_STATE
+    stats_: ClassGaussians  # fitted (set by the first batch)
 
     def __init__(self, *, priors=None, device=None, dtype="float64", class_batch_size="auto"):
         self.priors = priors

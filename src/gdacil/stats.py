@@ -26,7 +26,7 @@ import itertools
 import math
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -41,6 +41,9 @@ from ._validation import (
 )
 from .io import load_tensors, save_tensors
 from .linalg import psd_factor, symmetrize
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11
 
 __all__ = ["ClassGaussians", "ClassStatistics"]
 
@@ -187,7 +190,7 @@ class ClassStatistics(abc.ABC):
         """Unweighted mean of the class covariances, ``Sigma_avg = (1/C) sum_c Sigma_c``, float64."""
 
     # ------------------------------------------------------- building and editing
-    def add_classes(self, labels: Sequence[int], means, covariances, counts) -> ClassStatistics:
+    def add_classes(self, labels: Sequence[int], means, covariances, counts) -> Self:
         """Add new classes from their moments: means ``(k, d)``, covariances ``(k, d, d)`` and
         counts ``(k,)``. Returns ``self``.
 
@@ -220,14 +223,14 @@ class ClassStatistics(abc.ABC):
     def _add_moments(self, labels: list[int], counts, means, covs) -> None:
         """Append new classes from validated float64 moments."""
 
-    def with_moments(self, labels: Sequence[int], means, covariances=None) -> ClassStatistics:
+    def with_moments(self, labels: Sequence[int], means, covariances=None) -> Self:
         """A copy whose ``labels`` have the given means and covariances (counts are kept).
 
         This is how drift compensators return transformed statistics; see :meth:`set_moments`.
         """
         return self.copy().set_moments(labels, means, covariances)
 
-    def set_moments(self, labels: Sequence[int], means, covariances=None) -> ClassStatistics:
+    def set_moments(self, labels: Sequence[int], means, covariances=None) -> Self:
         """Overwrite the means (and covariances) of ``labels`` in place. Returns ``self``.
 
         Counts are kept. With ``covariances=None`` only the means change (the covariances stay as
@@ -262,19 +265,19 @@ class ClassStatistics(abc.ABC):
     def _write_covariances(self, labels: list[int], pos: torch.Tensor, covs: torch.Tensor) -> None:
         """Replace the covariances of existing classes (validated, symmetric, float64)."""
 
-    def remove_classes(self, labels: Iterable[int]) -> ClassStatistics:
+    def remove_classes(self, labels: Iterable[int]) -> Self:
         """Forget ``labels``. Returns ``self``."""
         drop = set(self.positions(labels).tolist())
         self._keep([i for i in range(self.n_classes) if i not in drop])
         return self
 
-    def subset(self, labels: Sequence[int]) -> ClassStatistics:
+    def subset(self, labels: Sequence[int]) -> Self:
         """A new object holding only ``labels`` (in that order)."""
         out = self.copy()
         out._keep(out.positions(labels).tolist())
         return out
 
-    def reserve(self, n_classes: int) -> ClassStatistics:
+    def reserve(self, n_classes: int) -> Self:
         """Allocate room for ``n_classes`` classes in total (never shrinks). Returns ``self``.
 
         Appending grows the capacity geometrically; reserving the final size up front avoids
@@ -320,7 +323,7 @@ class ClassStatistics(abc.ABC):
     def _config(self) -> dict[str, Any]:
         """Constructor arguments (less ``device``), JSON-serialisable."""
 
-    def copy(self) -> ClassStatistics:
+    def copy(self) -> Self:
         out = type(self)(**self._config(), device=self.device)
         out._labels = list(self._labels)
         out._index = dict(self._index)
@@ -331,7 +334,7 @@ class ClassStatistics(abc.ABC):
             setattr(out, name, getattr(self, name).clone())
         return out
 
-    def to(self, device: torch.device | str) -> ClassStatistics:
+    def to(self, device: torch.device | str) -> Self:
         out = self.copy()
         out.device = torch.device(device)
         for name in (*self._per_class, *self._shared):
@@ -339,7 +342,7 @@ class ClassStatistics(abc.ABC):
         return out
 
     @contextlib.contextmanager
-    def rollback_on_error(self, labels: Iterable[int]) -> Iterator[ClassStatistics]:
+    def rollback_on_error(self, labels: Iterable[int]) -> Iterator[Self]:
         """Undo the ``with`` block's changes to the classes ``labels`` if the block raises.
 
         Saves the rows of those of ``labels`` already present (a copy of ``len(labels)``
@@ -496,7 +499,7 @@ class ClassStatistics(abc.ABC):
         own format.
         """
         tensors, meta = load_tensors(path)
-        fmt = meta.get("format")
+        fmt: Any = meta.get("format")  # any JSON value in a file's metadata
         target = ClassStatistics._formats.get(fmt) if cls is ClassStatistics else cls
         if target is None or fmt != target._FORMAT:
             raise ValueError(f"{path}: not a {cls.__name__} file (format {fmt!r})")
@@ -526,11 +529,11 @@ class ClassStatistics(abc.ABC):
         missing = [n for n in ("labels", *names) if n not in tensors]
         if missing:
             raise ValueError(f"{source}: missing statistics tensors {missing}")
-        labels = tensors["labels"]
-        if labels.dtype != torch.int64 or labels.ndim != 1:
+        label_tensor = tensors["labels"]
+        if label_tensor.dtype != torch.int64 or label_tensor.ndim != 1:
             raise ValueError(f"{source}: labels must be a 1-D int64 tensor; got "
-                             f"{labels.dtype} of shape {tuple(labels.shape)}")
-        labels = labels.tolist()
+                             f"{label_tensor.dtype} of shape {tuple(label_tensor.shape)}")
+        labels: list[int] = label_tensor.tolist()
         if len(set(labels)) != len(labels):
             raise ValueError(f"{source}: repeated class labels")
         for name in (*cls._per_class, *cls._shared):

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import math
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 __all__ = ["SerialConfig", "check_choice", "check_range"]
 
@@ -53,7 +53,9 @@ class SerialConfig:
     call :meth:`_coerce_nested` in ``__post_init__``, so nested configs may be given as mappings.
     """
 
-    _nested: ClassVar[dict[str, type]] = {}
+    _nested: ClassVar[dict[str, type[SerialConfig]]] = {}
+    if TYPE_CHECKING:  # every subclass is a dataclass, which dataclasses.asdict/fields accept
+        __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def to_dict(self) -> dict:
         """JSON-native dict (tuples become lists) that :meth:`from_dict` turns back into

@@ -18,6 +18,7 @@ import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import torch
@@ -164,6 +165,7 @@ class Strategy:
 
     def _projectors(self, bb: Backbone) -> dict[str, torch.Tensor]:
         ns = self.config.null_space
+        assert ns is not None  # begin_task builds projectors only with a null-space config
         linears = block_linears(bb, ("mlp_in", "mlp_out"))
         if set(linears) != set(self.moments_):
             raise ValueError(f"the null-space moments are for linears {sorted(self.moments_)}, "
@@ -248,9 +250,9 @@ class Strategy:
                 losses.append(terms)
                 if on_step is not None and not shared:
                     on_step(step, dict(zip(_LOSS_KEYS, terms.tolist())))
-            history = torch.stack(losses)
-            distributed.all_reduce_sum([history])  # the ranks' weighted shares add up
-            history = history.T.tolist()
+            stacked = torch.stack(losses)
+            distributed.all_reduce_sum([stacked])  # the ranks' weighted shares add up
+            history: list[list[float]] = stacked.T.tolist()
         finally:
             bb.model.train(was_training)
             for p in trained:
@@ -267,7 +269,8 @@ class Strategy:
                     targets: torch.Tensor, task_loss_fn) -> tuple[torch.Tensor, torch.Tensor]:
         """The loss of a batch (mean over its samples) and its detached terms
         ``(total, task, kd)``."""
-        cfg, tc, teacher = self.config, self.config.train, self._task.teacher
+        task = cast(_Task, self._task)  # open: train_task calls this
+        cfg, tc, teacher = self.config, self.config.train, task.teacher
         with bb.autocast():  # mixed precision for the forward passes; losses in float32
             teacher_features = teacher.features(bb, inputs) if teacher else None
             features = bb.forward(inputs)
@@ -304,7 +307,8 @@ class Strategy:
         """Model inputs of a training batch on the backbone's device (augmented if configured)."""
         augment = self.config.train.augment
         if augment is not None:
-            inputs = {"pixel_values": augment_images(batch, bb.transform, augment, generator)}
+            transform = cast(ImageBackbone, bb).transform  # begin_task refuses augment otherwise
+            inputs = {"pixel_values": augment_images(batch, transform, augment, generator)}
         else:
             inputs = bb.preprocess(batch)
         return {k: v.to(bb.device) for k, v in inputs.items()}

@@ -90,7 +90,7 @@ class TrainConfig(SerialConfig):
     sce_lambda2: float = 0.5
     augment: AugmentConfig | None = None
 
-    _nested: ClassVar[dict[str, type]] = {"augment": AugmentConfig}
+    _nested: ClassVar[dict[str, type[SerialConfig]]] = {"augment": AugmentConfig}
 
     def __post_init__(self):
         if isinstance(self.augment, bool):
@@ -139,7 +139,7 @@ class StrategyConfig(SerialConfig):
     first_task_only: bool = False
     train: TrainConfig = field(default_factory=TrainConfig)
 
-    _nested: ClassVar[dict[str, type]] = {
+    _nested: ClassVar[dict[str, type[SerialConfig]]] = {
         "null_space": NullSpaceConfig,
         "lora": LoRAConfig,
         "train": TrainConfig,

@@ -20,6 +20,7 @@ back, so parameter names, count and memory are the same after every task.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
@@ -73,7 +74,7 @@ class LoRAConfig(SerialConfig):
         object.__setattr__(self, "targets", tuple(targets))
 
 
-def lora_layers(model: nn.Module) -> dict[str, nn.Module]:
+def lora_layers(model: nn.Module) -> dict[str, Any]:  # values: peft's BaseTunerLayer modules
     """The PEFT adapter layers inside ``model``, by module path."""
     base = _peft().tuners.tuners_utils.BaseTunerLayer
     return {name: m for name, m in model.named_modules() if isinstance(m, base)}

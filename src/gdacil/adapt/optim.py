@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -96,11 +97,12 @@ def make_optimization(
     steps, warmup_ratio, final_lr_ratio
         Schedule (see :func:`lr_factor`).
     """
-    groups = [
+    groups: list[dict[str, Any]] = [
         {"params": list(backbone_params), "lr": lr},
         {"params": list(head_params), "lr": head_lr},
     ]
     params = [p for g in groups for p in g["params"]]
+    optimizer: torch.optim.Optimizer
     if name == "sgd":
         optimizer = torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=0.0)
         grad_decay = weight_decay

@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -12,6 +13,9 @@ from torch import nn
 from ..hashing import sha256_json, sha256_tensors
 from .blocks import BlockLinears, find_blocks
 from .preprocess import ImagePreprocess
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11
 
 __all__ = [
     "FINAL_NORMS",
@@ -132,7 +136,7 @@ class Backbone(abc.ABC):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, dim={self.dim}, device={self.device})"
 
-    def set_precision(self, precision: str) -> Backbone:
+    def set_precision(self, precision: str) -> Self:
         """Run forward passes (extraction and Stage-1 training) in ``precision``: "fp32", "bf16"
         or "fp16" (mixed precision under ``torch.autocast``; weights stay float32, features come
         back as float32 and statistics are accumulated in float64). Part of :meth:`fingerprint`,
@@ -166,7 +170,7 @@ class Backbone(abc.ABC):
         """JSON-able record of this backbone (registry name plus :meth:`extraction_config`)."""
         return {"name": self.name, "dim": self.dim, **self.extraction_config()}
 
-    def to(self, device: torch.device | str) -> Backbone:
+    def to(self, device: torch.device | str) -> Self:
         """Move the model to ``device`` (in place); returns ``self``."""
         self.device = torch.device(device)
         self.model.to(self.device)

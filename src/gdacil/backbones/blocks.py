@@ -10,6 +10,7 @@ table below, relative to each block.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from torch import nn
 
@@ -111,7 +112,7 @@ def find_blocks(model: nn.Module) -> list[BlockLinears]:
         matches = [_match_block(b) for b in mod]
         if all(m is not None for m in matches):
             return [
-                BlockLinears(i, f"{prefix}.{i}" if prefix else str(i), *m)
+                BlockLinears(i, f"{prefix}.{i}" if prefix else str(i), *cast(tuple, m))
                 for i, m in enumerate(matches)
             ]
     raise ValueError(

@@ -10,6 +10,8 @@ average of the last feature map (1280-d); inputs are RGB scaled to ``(x - 0.5) /
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 from torch import nn
 
@@ -83,7 +85,8 @@ class EfficientNetLite0Backbone(ImageBackbone):
         )
 
     def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        f = self.model.extract_features(inputs["pixel_values"]).mean((2, 3))
+        model = cast(Any, self.model)  # efficientnet_lite_pytorch's EfficientNet, untyped
+        f = model.extract_features(inputs["pixel_values"]).mean((2, 3))
         return normalize_features(f, self.final_norm, eps=1e-5)
 
     def architecture(self) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from .._optional import require
 from .._random import isolated_global_seed
@@ -87,7 +88,7 @@ class HFOrigin:
             )
         return load_pretrained(
             pretrained,
-            self.source,
+            cast(str, self.source),  # resolve sets it when there is no config
             local_files_only=local_files_only,
             revision=self.revision,
             **kwargs,

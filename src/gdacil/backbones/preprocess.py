@@ -148,7 +148,7 @@ class ImagePreprocess:
             left, top = (nw - self.size) // 2, (nh - self.size) // 2
             img = img.crop((left, top, left + self.size, top + self.size))
         mean, std = NORMALIZATIONS[self.normalization]
-        arr = np.asarray(img, dtype=np.float32) / 255.0
+        arr: np.ndarray = np.asarray(img, dtype=np.float32) / 255.0
         arr = (arr - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
         return np.ascontiguousarray(arr.transpose(2, 0, 1))
 

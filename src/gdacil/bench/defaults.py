@@ -18,6 +18,8 @@ the results go to ``runs/bench/defaults/``; existing results are replaced only w
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -32,9 +34,9 @@ def head_entries() -> dict[str, HeadEntry]:
     """gdacil's heads with their defaults, and the paper's presets (``*_paper``)."""
     from ..heads import LDA, LRRGDA, NCM, QDA, RGDA, SGDHead
 
-    factories = {"ncm": NCM, "lda": LDA, "qda": QDA, "rgda": RGDA, "lr_rgda": LRRGDA,
-                 "sgd": SGDHead, "lda_paper": LDA.paper, "rgda_paper": RGDA.paper,
-                 "lr_rgda_paper": LRRGDA.paper}
+    factories: dict[str, Callable[[], Any]] = {
+        "ncm": NCM, "lda": LDA, "qda": QDA, "rgda": RGDA, "lr_rgda": LRRGDA, "sgd": SGDHead,
+        "lda_paper": LDA.paper, "rgda_paper": RGDA.paper, "lr_rgda_paper": LRRGDA.paper}
     return {name: HeadEntry(factory) for name, factory in factories.items()}
 
 

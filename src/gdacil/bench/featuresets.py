@@ -63,18 +63,19 @@ def scale_features(X: torch.Tensor, scaling: str) -> torch.Tensor:
 
 def _pool(ds, per_class: int) -> tuple[list[str], np.ndarray]:
     """Up to ``per_class`` ids of every class (all splits pooled), drawn with a fixed seed."""
-    ids, labels = [], []
+    id_list: list[str] = []
+    label_list: list[int] = []
     for split in ds.splits:
         index = ds.index(split)
-        ids.extend(index.ids)
-        labels.extend(index.labels.tolist())
-    ids, labels = np.asarray(ids), np.asarray(labels, dtype=np.int64)
+        id_list.extend(index.ids)
+        label_list.extend(index.labels.tolist())
+    ids, labels = np.asarray(id_list), np.asarray(label_list, dtype=np.int64)
     rng = np.random.default_rng(0)
-    keep = []
+    picked: list[np.intp] = []
     for c in range(len(ds.classes)):
         members = np.flatnonzero(labels == c)
-        keep.extend(np.sort(rng.permutation(members)[:per_class]))
-    keep = np.asarray(keep, dtype=np.int64)
+        picked.extend(np.sort(rng.permutation(members)[:per_class]))
+    keep = np.asarray(picked, dtype=np.int64)
     return ids[keep].tolist(), labels[keep]
 
 
@@ -98,7 +99,8 @@ def load_features(name: str, *, cache_dir: str = "~/.cache/gdacil/features",
 def split(labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Train and test positions: each class's samples shuffled with ``seed`` and cut."""
     rng = np.random.default_rng([seed, 1])
-    train, test = [], []
+    train: list[np.intp] = []
+    test: list[np.intp] = []
     for c in np.unique(labels):
         members = rng.permutation(np.flatnonzero(labels == c))
         n_test = max(1, round(test_fraction * len(members)))

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -134,7 +134,7 @@ def run_head(entry: HeadEntry, X: torch.Tensor, y: np.ndarray, train: np.ndarray
             if entry.streaming:
                 head.partial_fit(X_task, y_task)
             else:
-                head.fit(stats.update(X_task, y_task))
+                head.fit(cast(ClassGaussians, stats).update(X_task, y_task))  # not streaming
             head.predict(X_test[:1])  # builds what the head builds lazily
             fit_s += time.perf_counter() - start
             start = time.perf_counter()

@@ -39,8 +39,10 @@ import os
 import random
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -49,6 +51,9 @@ from .._optional import MissingDependencyError
 from .._plotting import save_figure, subplots
 from ..data.base import DataNotFoundError
 from .common import machine_info, markdown_table, output_arguments, refuse_to_overwrite, write_json
+
+if TYPE_CHECKING:
+    from ..backbones.base import Backbone
 
 __all__ = ["FULL", "QUICK", "ModelSpec", "OverheadSpec", "PipelineBenchConfig", "main", "plot",
            "render", "run"]
@@ -330,12 +335,13 @@ def measure_extraction(bb, spec: ModelSpec, precision: str, ids, load, cfg: Pipe
     if B / estimate < 5:  # warm-up at the full batch shape (a slow model had its warm-up)
         with torch.no_grad(), bb.autocast():
             bb.forward(ready[0])
-    fns = {"bare": bare}
+    fns: dict[str | int, Callable[..., Any]] = {"bare": bare}
     for workers in (0, *cfg.workers):
         fns[workers] = (lambda w=workers: extract_features(bb, ids, load, batch_size=B,
                                                            load_batches=LB, num_workers=w))
     timed = _rounds(fns, cfg.repeats, cfg.long_pass_s)
     bare_s, bare_passes, _ = timed.pop("bare")
+    row: dict[str, Any]
     row = {"precision": precision, "batch_size": B, "samples": n, "load_batches": LB,
            "chunks": len(chunks), "estimate_samples_per_s": estimate,
            "bare": {"seconds": bare_s, "throughput": n / bare_s, "passes": bare_passes},
@@ -452,8 +458,8 @@ def _bare_training(bb, batches: list, n_classes: int):
 
 def bench_model(name: str, spec: ModelSpec, image_root: Path, cfg: PipelineBenchConfig,
                 log) -> dict:
-    result = {"model": name, "backbone": spec.backbone, "about": spec.about,
-              "modality": spec.modality, "extraction": [], "training": []}
+    result: dict[str, Any] = {"model": name, "backbone": spec.backbone, "about": spec.about,
+                              "modality": spec.modality, "extraction": [], "training": []}
     try:
         bb = build_model(spec)
     except MissingDependencyError as exc:  # an optional model that is not installed
@@ -494,7 +500,7 @@ class _TaskProbe:
     def __init__(self):
         self.tasks: list[dict] = []
         self.current: dict | None = None
-        self.backbone = None
+        self.backbone: Backbone | None = None  # the run's, once it fingerprints it
 
     def start(self, t: int) -> None:
         self.current = {"task": t, "start": time.perf_counter(), "extraction_s": 0.0,
@@ -502,7 +508,8 @@ class _TaskProbe:
         self.tasks.append(self.current)
 
     def end(self, t: int) -> None:
-        self.current["wall_s"] = time.perf_counter() - self.current.pop("start")
+        current = cast(dict, self.current)  # set by start(t)
+        current["wall_s"] = time.perf_counter() - current.pop("start")
         self.current = None
 
     @contextlib.contextmanager
@@ -519,8 +526,8 @@ class _TaskProbe:
 def _probing(probe: _TaskProbe):
     """Time the runner's tasks, extractions, checkpoints and fingerprints (restored after).
 
-    The runner records extraction of the task's samples and anchors (``features_s``,
-    ``anchors_before_s``) but not that of the test samples, nor a task's wall time."""
+    The runner's ``timings.json`` has each task's wall time, extractions and checkpoint; this
+    probe also counts every extraction and weight-fingerprint call, which it does not."""
     from ..backbones.base import Backbone
     from ..cil import runner
     from ..data import cache
@@ -547,16 +554,18 @@ def _probing(probe: _TaskProbe):
         with probe.clock("fingerprint_s"):
             return saved[3](self)
 
-    runner._SeedRun.run_task, runner.save_checkpoint = run_task, save_checkpoint
-    cache.extract_features, Backbone.fingerprint = extract_features, fingerprint
+    # patched for the run, restored below
+    runner._SeedRun.run_task, runner.save_checkpoint = run_task, save_checkpoint  # type: ignore[method-assign]
+    cache.extract_features, Backbone.fingerprint = extract_features, fingerprint  # type: ignore[method-assign]
     try:
         yield
     finally:
-        (runner._SeedRun.run_task, runner.save_checkpoint, cache.extract_features,
-         Backbone.fingerprint) = saved
+        (runner._SeedRun.run_task, runner.save_checkpoint, cache.extract_features,  # type: ignore[method-assign]
+         Backbone.fingerprint) = saved  # type: ignore[method-assign]
 
 
 def _experiment_dict(spec: OverheadSpec, image_root: Path, folder: Path, threads: int) -> dict:
+    protocol: dict[str, Any]
     if spec.data == "wordnet":
         protocol = {"datasets": ["wordnet-hypernym"],
                     "dataset_options": {"wordnet-hypernym": {
@@ -587,7 +596,7 @@ def bench_overhead(name: str, spec: OverheadSpec, image_root: Path, cfg: Pipelin
 
     from ..cil import load_config, run_experiment
 
-    result = {"run": name, "spec": asdict(spec)}
+    result: dict[str, Any] = {"run": name, "spec": asdict(spec)}
     if spec.data == "images" and spec.tasks * spec.classes_per_task != cfg.image_classes:
         raise ValueError(f"overhead run {name!r}: {spec.tasks} tasks of {spec.classes_per_task} "
                          f"classes need image_classes = {spec.tasks * spec.classes_per_task}, "
@@ -617,7 +626,7 @@ def bench_overhead(name: str, spec: OverheadSpec, image_root: Path, cfg: Pipelin
                              "checkpoint_s"))
         rows.append(row)
     result["tasks"] = rows
-    bb = probe.backbone
+    bb = cast("Backbone", probe.backbone)  # the run fingerprinted it
     result["parameters"] = sum(p.numel() for p in bb.model.parameters())
     bb.forget_fingerprint()
     start = time.perf_counter()

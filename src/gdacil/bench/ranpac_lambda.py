@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -67,7 +68,8 @@ def time_paper(H, Y, seed: int, dtype: torch.dtype, solves: int) -> dict:
     grid = list(DEFAULT_LAMBDA_GRID)
     # the solves nearest the middle of the grid are the representative ones
     order = sorted(range(len(grid)), key=lambda i: abs(i - len(grid) // 2))[:solves]
-    mse, solve_times = [None] * len(grid), []
+    mse: list[float | None] = [None] * len(grid)
+    solve_times: list[float] = []
     for i in sorted(order):
         start = time.perf_counter()
         W = torch.linalg.solve(G + grid[i] * eye, Q)
@@ -78,8 +80,8 @@ def time_paper(H, Y, seed: int, dtype: torch.dtype, solves: int) -> dict:
            "per_solve_s": per_solve, "solves_run": len(solve_times),
            "total_s": gram_s + per_solve * len(grid), "extrapolated": len(solve_times) < len(grid),
            "grid": grid, "mse": mse}
-    if not out["extrapolated"]:
-        out["lam"] = grid[min(range(len(grid)), key=lambda i: mse[i])]
+    if not out["extrapolated"]:  # then every solve ran: no None in mse
+        out["lam"] = grid[min(range(len(grid)), key=lambda i: cast(float, mse[i]))]
     return out
 
 

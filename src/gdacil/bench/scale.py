@@ -37,6 +37,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -145,6 +146,7 @@ def measure(C: int, cfg: ScaleBenchConfig) -> dict:
     start = time.perf_counter()
     head.fit(stats)
     fit_s = time.perf_counter() - start
+    row: dict[str, Any]
     row = {"classes": C, "compress_s": compress_s, "fit_s": fit_s,
            "build_s": compress_s + fit_s,
            "stats_bytes": stats.memory_report()["total"],
@@ -343,8 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.cell is not None:  # worker: one class count, JSON on the last line of stdout
-        cfg = ScaleBenchConfig(**{k: tuple(v) if isinstance(v, list) else v
-                                  for k, v in json.loads(args.config).items()})
+        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
+                                  for k, v in json.loads(args.config).items()}
+        cfg = ScaleBenchConfig(**fields)
         print(json.dumps(measure(args.cell, cfg)))
         return 0
     refuse_to_overwrite(p, args, "scale.json", "scale.md", "scale.png")

@@ -201,7 +201,8 @@ def bench_model(name: str, spec: ServeModel, cfg: ServeBenchConfig, log) -> dict
     with tempfile.TemporaryDirectory(prefix="gdacil-bench-serve-") as tmp:
         raws, labels, source = _raw_samples(spec, cfg, Path(tmp) / "images")
         seen: dict[str, int] = {}
-        learn, test = [], []
+        learn: list[int] = []
+        test: list[int] = []
         for k, y in enumerate(labels):  # every other sample of each class is learned
             seen[y] = seen.get(y, 0) + 1
             (learn if seen[y] % 2 else test).append(k)

@@ -26,6 +26,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -153,8 +154,9 @@ def main(argv=None) -> int:
     if argv[:1] == ["--worker"]:
         from .. import distributed
 
-        cfg = ShardedBenchConfig(**{k: tuple(v) if isinstance(v, list) else v
-                                    for k, v in json.loads(argv[3]).items()})
+        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
+                                  for k, v in json.loads(argv[3]).items()}
+        cfg = ShardedBenchConfig(**fields)
         with distributed.process_group("cpu"):
             worker(int(argv[1]), cfg, Path(argv[2]))
         return 0

@@ -13,13 +13,15 @@ from __future__ import annotations
 import argparse
 import gc
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from .._plotting import save_figure, subplots
-from ..heads import LDA, LRRGDA, NCM, RGDA, SGDHead
+from ..heads import LDA, LRRGDA, NCM, RGDA, GaussianHead, SGDHead
 from ..stats import ClassGaussians
 from .common import (
     best_time,
@@ -72,7 +74,7 @@ def class_samples(labels, dim, n, spectrum_rank, seed) -> tuple[torch.Tensor, to
 
 
 def _our_heads(cfg: HeadsBenchConfig) -> dict:
-    heads = {
+    heads: dict[str, Callable[..., GaussianHead]] = {
         "ncm": lambda: NCM(dtype=torch.float32),
         "lda": lambda: LDA(dtype=torch.float32),
         "sgd": lambda: SGDHead(dtype=torch.float32),
@@ -85,7 +87,7 @@ def _our_heads(cfg: HeadsBenchConfig) -> dict:
     return heads
 
 
-def _time_fit(fn) -> tuple[object, float]:
+def _time_fit(fn) -> tuple[Any, float]:
     start = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - start

@@ -28,9 +28,11 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .._plotting import save_figure, subplots
 from ..cil.metrics import summarize_seeds
@@ -234,8 +236,9 @@ def summarize(cfg: StrategiesBenchConfig, out: Path, walls: dict) -> dict:
             "seeds": list(seeds), "cells": cells,
             "wall_min": [_wall_min(walls, f"{strategy}-seed{s}") for s in seeds],
             "drift": _drift_summary(diag[str(seeds[0])]) if diag else None}
-    summary = {"config": asdict(cfg), "machine": machine_info(), "strategies": strategies,
-               "base_config": BASE_CONFIG, "missing_runs": missing}
+    summary: dict[str, Any] = {"config": asdict(cfg), "machine": machine_info(),
+                               "strategies": strategies, "base_config": BASE_CONFIG,
+                               "missing_runs": missing}
     seed = str(cfg.seeds[0])
     if cfg.sensitivity and not _finished(out, "hopdc-sensitivity"):
         missing.append("hopdc-sensitivity")
@@ -248,10 +251,11 @@ def summarize(cfg: StrategiesBenchConfig, out: Path, walls: dict) -> dict:
     done = {seed: _results(out, name) for seed, name in names.items() if _finished(out, name)}
     if done:
         first = next(iter(done))                   # in moment_seeds order
-        per_seed = {seed: _lr_rgda_cells(res, str(seed), MOMENT_TRACKS) for seed, res in done.items()}
+        seed_cells = {seed: _lr_rgda_cells(res, str(seed), MOMENT_TRACKS)
+                      for seed, res in done.items()}
         summary["moments"] = {
             "seeds": list(done),
-            "cells": {track: {key: summarize_seeds([c[track][key] for c in per_seed.values()])
+            "cells": {track: {key: summarize_seeds([c[track][key] for c in seed_cells.values()])
                               for key in ("last_acc", "inc_acc")} for track in MOMENT_TRACKS},
             "drift_seed": first,
             "drift": (_drift_summary(done[first]["drift_diagnostics"][str(first)])
@@ -320,7 +324,7 @@ def render(summary: dict) -> str:
     lines += ["## Wall time per run (minutes)", "", markdown_table(["strategy", "runs"], rows)]
     drift = {n: s["drift"] for n, s in summary["strategies"].items() if s["drift"]}
     for name, tracks in drift.items():
-        keys = sorted({k for t in tracks.values() for k in t})
+        keys: Sequence[str] = sorted({k for t in tracks.values() for k in t})
         rows = [[track] + [f"{v[k]:.4g}" if k in v else "" for k in keys]
                 for track, v in tracks.items()]
         lines += [f"## Drift against the oracle statistics ({name}, mean over tasks)", "",

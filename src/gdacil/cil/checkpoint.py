@@ -26,6 +26,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -72,7 +73,7 @@ def save_checkpoint(directory: Path, state: SeedState, fingerprint: str) -> None
     """Write ``state`` (atomically, ``state.json`` last) and drop the previous checkpoint's files."""
     directory.mkdir(parents=True, exist_ok=True)
     k = state.completed
-    files = {"tracks": {}, "streaming": {}}
+    files: dict[str, Any] = {"tracks": {}, "streaming": {}}
     for label, stats in state.tracks.items():
         name = f"stats_task{k}_{label}.safetensors"
         stats.save(directory / name)

@@ -8,7 +8,7 @@ import types
 import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 __all__ = [
     "REPORTING_KEYS",
@@ -40,7 +40,7 @@ def check_output_name(name) -> str:
     :class:`ConfigError` otherwise (``../x``, ``/tmp/x``, ``a/b``, ``..``, control characters)."""
     if not isinstance(name, str) or not name.strip():
         raise ConfigError(f"name: expected a non-empty string, got {name!r}")
-    seps = {"/", "\\", os.sep, os.altsep} - {None}
+    seps = cast("set[str]", {"/", "\\", os.sep, os.altsep} - {None})
     problem = ("is a relative path component" if name in (".", "..")
                else "is an absolute path" if Path(name).anchor
                else "contains a path separator" if any(sep in name for sep in seps)
@@ -71,7 +71,7 @@ class BackboneConfig:
     def resolve_workers(self, device) -> int:
         """``num_workers`` as a count for a backbone on ``device``."""
         if self.num_workers != "auto":
-            return self.num_workers
+            return cast(int, self.num_workers)  # validated: an int or "auto"
         cpus = os.cpu_count() or 1
         return 0 if torch_device_type(device) == "cpu" else max(0, min(8, cpus - 1))
 

@@ -9,6 +9,7 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -36,8 +37,9 @@ def results_record(cfg: ExperimentConfig, metrics: dict[int, dict[str, Increment
                 for key in _SUMMARY_KEYS}
         for label in labels
     }
-    results = {"name": cfg.name, "config": cfg.to_dict(), "seeds": per_seed, "summary": summary,
-               "overrides": list(getattr(cfg, "overrides", ()))}
+    results: dict[str, Any] = {"name": cfg.name, "config": cfg.to_dict(), "seeds": per_seed,
+                               "summary": summary,
+                               "overrides": list(getattr(cfg, "overrides", ()))}
     if diagnostics:
         results["drift_diagnostics"] = {str(s): d for s, d in diagnostics.items()}
     for key in REPORTING_KEYS:

@@ -37,7 +37,7 @@ def anchor_pool(tasks: TaskSequence, pool: str = "outside") -> tuple[str, ...]:
         raise ValueError(f"unknown anchor pool {pool!r}; known: {', '.join(ANCHOR_POOLS)}")
     used_classes = set(tasks.class_names)
     in_splits = {i for t in tasks for i in (*t.train.ids, *t.test.ids)}
-    out = set()
+    out: set[str] = set()
     for name, ds in tasks.datasets.items():
         if pool in ("outside", "both"):
             out.update(f"{name}:{i}" for i in ds.unlabelled())

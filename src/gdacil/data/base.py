@@ -8,11 +8,15 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..hashing import array_header, file_sha256s, sha256_json, sha256_sample, sha256_strings
 from ..registry import UnknownNameError
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 __all__ = [
     "ArrayDataset",
@@ -58,6 +62,9 @@ class SampleIndex:
 
     ids: tuple[str, ...]
     labels: np.ndarray
+
+    if TYPE_CHECKING:  # the dataclass's __init__: __post_init__ converts any array-like labels
+        def __init__(self, ids: tuple[str, ...], labels: npt.ArrayLike) -> None: ...
 
     def __post_init__(self):
         labels = np.array(self.labels, dtype=np.int64)  # a read-only copy: indices are shared
@@ -134,7 +141,7 @@ class Dataset(abc.ABC):
     def identity(self) -> dict:
         """Name, config and a hash of the full listing (every split's ids and labels, and the
         unlabelled ids): any added, removed, renamed or relabelled file changes it."""
-        listing = {
+        listing: dict[str, list[str] | str] = {
             s: [
                 sha256_strings(self.index(s).ids),
                 sha256_strings(map(str, self.index(s).labels.tolist())),
@@ -187,7 +194,7 @@ class ArrayDataset(Dataset):
 
     modality = "image"
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._indices: dict[str, SampleIndex] = {}
         self._hashes: dict[str, str] = {}
@@ -228,7 +235,8 @@ class ArrayDataset(Dataset):
         """The sha256 of each sample's bytes in the split's array, with its dtype and shape
         (:func:`gdacil.hashing.sha256_sample`): the array :meth:`load` reads from, held in
         memory once read, so this costs a few microseconds per sample, memoised per id."""
-        out, headers = [], {}
+        out: list[str] = []
+        headers: dict[tuple[np.dtype, tuple[int, ...]], bytes] = {}
         for sid in ids:
             digest = self._hashes.get(sid)
             if digest is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from .._optional import require
 
@@ -30,7 +31,7 @@ def list_images(folder: Path, *, follow_links: bool = True) -> list[str]:
 
 @contextlib.contextmanager
 def _pixel_limit(max_pixels):
-    Image = require("PIL.Image", feature="image datasets", install="pip install pillow")
+    Image: Any = require("PIL.Image", feature="image datasets", install="pip install pillow")
     old = Image.MAX_IMAGE_PIXELS
     Image.MAX_IMAGE_PIXELS = max_pixels
     try:
@@ -40,7 +41,8 @@ def _pixel_limit(max_pixels):
 
 
 def open_image(
-    path: str | os.PathLike, *, max_side: int | None = None, trusted_large: bool = False
+    path: str | os.PathLike | BinaryIO, *, max_side: int | None = None,
+    trusted_large: bool = False
 ):
     """Open and decode an image file; optionally shrink it so its longer side is ``max_side``.
 

@@ -63,7 +63,10 @@ class Openclipart(ListedDataset):
         self.max_side = int(max_side)
         self.max_pixels = int(max_pixels)
         require_file(self.root, "Openclipart", _FIX)
-        classes, ids, labels, pool = [], [], [], []
+        classes: list[str] = []
+        ids: list[str] = []
+        labels: list[int] = []
+        pool: list[str] = []
         for folder in sorted(p for p in self.root.rglob("*") if p.is_dir() and not p.is_symlink()):
             rel = folder.relative_to(self.root).as_posix()
             files = [

@@ -260,10 +260,13 @@ class Protocol:
 
     def _assign(self, built: dict[str, Dataset]):
         names = self.datasets
-        class_names, class_datasets, tasks = [], [], []
+        class_names: list[str] = []
+        class_datasets: list[str] = []
+        tasks: list[Task] = []
         for t, pairs in enumerate(self._task_classes(built)):
-            split_ids = {"train": ([], []), "test": ([], [])}
-            labels = []
+            split_ids: dict[str, tuple[list[str], list[int]]] = {
+                "train": ([], []), "test": ([], [])}
+            labels: list[int] = []
             for ds_index, local in pairs:
                 ds = built[names[ds_index]]
                 g = len(class_names)

@@ -23,7 +23,7 @@ name               what it does                                                 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from ..registry import Registry
 from .base import Compensator, Identity, NotFittedError
@@ -75,8 +75,8 @@ def build_compensator(name: str | dict[str, Any], **config) -> Compensator:
     """
     if isinstance(name, dict):
         config = {**{k: v for k, v in name.items() if k != "name"}, **config}
-        name = name.get("name")
-    cls = COMPENSATORS[name]
+        name = cast(str, name.get("name"))  # None if missing: the lookup names the known ones
+    cls = cast("type[Compensator]", COMPENSATORS[name])
     preset = config.pop("defaults", "recommended")
     try:
         return cls.from_preset(preset, **config)

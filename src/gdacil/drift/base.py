@@ -21,14 +21,17 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
 
 from .._random import make_generator
 from .._validation import as_features, check_nonnegative
 from ..errors import NotFittedError
-from ..stats import ClassGaussians, ClassStatistics
+from ..stats import ClassStatistics
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11
 
 __all__ = [
     "Compensator",
@@ -40,6 +43,9 @@ __all__ = [
 ]
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+#: Statistics of either storage: a compensator returns the kind it is given.
+_Stats = TypeVar("_Stats", bound=ClassStatistics)
 
 
 def resolve_dtype(name: str, *, field: str = "dtype") -> torch.dtype:
@@ -92,9 +98,11 @@ class Compensator(abc.ABC):
     #: constructor's defaults). ``recommended`` is the constructor's defaults.
     presets: ClassVar[dict[str, dict[str, Any]]] = {"recommended": {}}
     _normalized_sets: ClassVar[tuple[str, ...]] = ()
+    if TYPE_CHECKING:  # every subclass is a dataclass, which dataclasses.fields accepts
+        __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     @classmethod
-    def from_preset(cls, preset: str = "recommended", /, **overrides) -> Compensator:
+    def from_preset(cls, preset: str = "recommended", /, **overrides) -> Self:
         """The compensator with the hyperparameters of ``preset``, updated by ``overrides``.
 
         Raises ``ValueError`` listing the known presets for a name this compensator lacks.
@@ -119,22 +127,21 @@ class Compensator(abc.ABC):
         self.n_anchors_, self.dim_ = old.shape
         return self
 
-    def transform(self, stats: ClassGaussians, labels: Sequence[int] | None = None
-                  ) -> ClassGaussians:
+    def transform(self, stats: _Stats, labels: Sequence[int] | None = None) -> _Stats:
         """Return a copy of ``stats`` with the classes in ``labels`` (all by default) moved into
         the new feature space. Other classes, and every count, are unchanged."""
         self._check_fitted()
         labels = self._target_labels(stats, labels)
         return self._transform(stats, labels)
 
-    def fit_transform(self, old_features, new_features, stats: ClassGaussians,
-                      labels: Sequence[int] | None = None) -> ClassGaussians:
+    def fit_transform(self, old_features, new_features, stats: _Stats,
+                      labels: Sequence[int] | None = None) -> _Stats:
         return self.fit(old_features, new_features).transform(stats, labels)
 
     def get_config(self) -> dict[str, Any]:
         """The hyperparameters as a JSON-serialisable dict, with the registry ``name``."""
         config: dict[str, Any] = {"name": self.name}
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+        for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             config[f.name] = "torch.Generator" if isinstance(value, torch.Generator) else value
         return config
@@ -151,7 +158,7 @@ class Compensator(abc.ABC):
     def _fit(self, old: torch.Tensor, new: torch.Tensor) -> None: ...
 
     @abc.abstractmethod
-    def _transform(self, stats: ClassGaussians, labels: list[int]) -> ClassGaussians: ...
+    def _transform(self, stats: _Stats, labels: list[int]) -> _Stats: ...
 
     def _check_fitted(self) -> None:
         if not self.is_fitted:

@@ -54,7 +54,7 @@ class Oracle(Compensator):
 
     class_batch: int = 16
 
-    def fit(self, old_features, new_features, labels=None) -> Oracle:  # type: ignore[override]
+    def fit(self, old_features, new_features, labels=None) -> Oracle:
         """Fit on the new features ``(n, d)`` of labelled old-class samples. Returns ``self``."""
         check_positive_int(self.class_batch, "class_batch")
         if labels is None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -121,6 +122,8 @@ class PseudoSampling:
     jitter: float = 0.0
     class_batch: int = 8
     seed: int | torch.Generator = 0
+    if TYPE_CHECKING:  # set by the compensators' fit; not a dataclass field at run time
+        match_moments_: bool = dataclasses.field(init=False)
 
     def _check_sampling_params(self) -> None:
         check_positive_int(self.n_samples, "n_samples")

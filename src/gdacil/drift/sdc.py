@@ -66,7 +66,7 @@ class SDC(Compensator):
     dtype: str = "float64"
 
     @property
-    def _normalized_sets(self) -> tuple[str, ...]:  # type: ignore[override]
+    def _normalized_sets(self) -> tuple[str, ...]:  # type: ignore[override]  # from self.normalize
         return ("old_features",) if self.normalize else ()
 
     def _check_params(self) -> None:

@@ -124,7 +124,7 @@ class LinearSLDC(Compensator):
     class_batch: int = 16
 
     @property
-    def _normalized_sets(self) -> tuple[str, ...]:  # type: ignore[override]
+    def _normalized_sets(self) -> tuple[str, ...]:  # type: ignore[override]  # from self.normalize
         return ("old_features", "new_features") if self.normalize else ()
 
     def _check_params(self) -> None:

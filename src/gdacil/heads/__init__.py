@@ -1,6 +1,8 @@
 """Classifiers built from :class:`~gdacil.ClassGaussians` or fitted on features, and one registry
 of their names (:func:`build_head` builds either kind)."""
 
+from typing import cast
+
 from ..registry import Registry, RegistryUnion
 from .base import GaussianHead, ModelTerms, NotFittedError
 from .fecam import FeCAM
@@ -37,9 +39,9 @@ STREAMING_HEADS = Registry("streaming head", {
 ALL_HEADS = RegistryUnion("head", HEADS, STREAMING_HEADS)
 
 
-def head_class(name: str) -> type:
+def head_class(name: str) -> type[GaussianHead | MappedLinearHead]:
     """The class registered as ``name`` in :data:`ALL_HEADS` (``UnknownNameError`` otherwise)."""
-    return ALL_HEADS[name]
+    return cast("type[GaussianHead | MappedLinearHead]", ALL_HEADS[name])  # classes registered
 
 
 def build_head(name: str, /, **params) -> GaussianHead | MappedLinearHead:

@@ -30,7 +30,7 @@ import torch
 
 from .._validation import as_features, check_positive_int, finite_flag, first_nonfinite
 from ..errors import NotFittedError
-from ..stats import ClassGaussians, ClassStatistics
+from ..stats import ClassStatistics
 
 __all__ = ["GaussianHead", "ModelTerms", "NotFittedError", "checked_parameters", "finite_scores",
            "rescaled_scores", "warn_unless_normalised"]
@@ -170,7 +170,7 @@ class GaussianHead(ABC):
         self.class_batch_size = class_batch_size
 
     # ------------------------------------------------------------------ fitting
-    def fit(self, stats: ClassGaussians, *, model_terms: ModelTerms | None = None) -> GaussianHead:
+    def fit(self, stats: ClassStatistics, *, model_terms: ModelTerms | None = None) -> GaussianHead:
         """Build the head from class statistics. Returns ``self``.
 
         ``model_terms``: the :class:`ModelTerms` of a model of which ``stats`` hold some classes
@@ -202,7 +202,7 @@ class GaussianHead(ABC):
             raise ValueError(f"dtype must be a floating torch dtype; got {self.dtype!r}")
 
     @abstractmethod
-    def _build(self, stats: ClassGaussians, log_priors: torch.Tensor):
+    def _build(self, stats: ClassStatistics, log_priors: torch.Tensor):
         """Return ``(rows, bias, sign)`` for the statistics (see the class docstring)."""
 
     def _block_size(self, n_rows_per_class: int, n_samples: int | None = None) -> int:
@@ -222,7 +222,7 @@ class GaussianHead(ABC):
         terms = getattr(self, "_model_terms", None)
         return stats.average_covariance() if terms is None else terms.average_covariance
 
-    def _log_priors(self, stats: ClassGaussians) -> torch.Tensor:
+    def _log_priors(self, stats: ClassStatistics) -> torch.Tensor:
         terms = getattr(self, "_model_terms", None)
         if terms is not None:
             if self.priors is None:

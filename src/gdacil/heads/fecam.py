@@ -216,7 +216,7 @@ class FeCAM(GaussianHead):
         return X
 
     # ------------------------------------------------------------------ fitting
-    def fit(self, X, y=None) -> FeCAM:
+    def fit(self, X, y=None) -> FeCAM:  # type: ignore[override]  # scikit-learn's fit(X, y)
         """``fit(stats)``: :meth:`fit_stats`; ``fit(X, y)``: forget everything, then :meth:`partial_fit`."""
         if y is None and isinstance(X, ClassStatistics):
             return self.fit_stats(X)
@@ -249,9 +249,14 @@ class FeCAM(GaussianHead):
         Z = self.transform(X)
         y = as_labels(y, n=Z.shape[0])
         stats = getattr(self, "stats_", None)
+        if stats is not None and not isinstance(stats, ClassGaussians):
+            raise ValueError(f"this FeCAM was fitted on {type(stats).__name__}, which cannot take "
+                             "new samples exactly; fit it on ClassGaussians to add samples")
         n_classes = len(set(torch.unique(y).tolist()) | set(stats.classes if stats else []))
         check_budget(self, self._state_bytes(Z.shape[1], n_classes))
-        self._own_stats(Z.shape[1]).update(Z, y)
+        own = self._own_stats(Z.shape[1])
+        assert isinstance(own, ClassGaussians)  # checked above; a fresh one is dense
+        own.update(Z, y)
         return self
 
     def merge(self, other: FeCAM) -> FeCAM:
@@ -264,7 +269,8 @@ class FeCAM(GaussianHead):
             if getattr(self, "stats_", None) is not None and self.stats_.dim != other.stats_.dim:
                 raise ValueError(f"cannot merge features of dimension {other.stats_.dim} "
                                  f"into {self.stats_.dim}")
-            self._own_stats(other.stats_.dim).merge(other.stats_)
+            own = self._own_stats(other.stats_.dim)
+            own.merge(other.stats_)  # type: ignore[attr-defined]  # either storage merges
         return self
 
     def _own_stats(self, dim: int) -> ClassStatistics:

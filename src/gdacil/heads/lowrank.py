@@ -30,7 +30,7 @@ import torch
 from .._validation import all_finite, check_positive_int
 from ..linalg import class_top_eigh, logdet_from_cholesky, psd_cholesky, symmetrize
 from ..lowrank_stats import LowRankGaussians
-from ..stats import ClassGaussians, ClassStatistics
+from ..stats import ClassStatistics
 from .base import GaussianHead
 from .rgda import PAPER_ALPHAS, base_covariance_terms, check_alphas, check_identity_scale
 
@@ -145,6 +145,12 @@ class LRRGDA(GaussianHead):
     >>> head.predict(X[:5]).shape, head.rows_.shape
     (torch.Size([5]), torch.Size([3, 5, 16]))
     """
+
+    # set by fit (from _fitted_bounds): what the pruned search of top_k bounds the scores with
+    kappa_: torch.Tensor
+    mean_precision_: torch.Tensor
+    base_whitener_: torch.Tensor
+    center_: torch.Tensor
 
     def __init__(self, rank=64, alpha1=PAPER_ALPHAS[0], alpha2=PAPER_ALPHAS[1],
                  alpha3=PAPER_ALPHAS[2], *, identity_scale="trace", decomposition="eigh",
@@ -280,7 +286,7 @@ class LRRGDA(GaussianHead):
                         "base_whitener_": L_B_inv, "center_": mu.mean(0)}
         return rows, bias, 1.0
 
-    def fit(self, stats: ClassGaussians, *, model_terms=None) -> LRRGDA:
+    def fit(self, stats: ClassStatistics, *, model_terms=None) -> LRRGDA:
         self.__dict__.pop("_screen_cache", None)
         super().fit(stats, model_terms=model_terms)
         for name, value in self._fitted_bounds.items():
@@ -593,8 +599,8 @@ class LRRGDA(GaussianHead):
     def _extra_memory(self) -> dict[str, int]:
         cache = getattr(self, "_eig_cache", {})
         borrowed = getattr(self, "_eig_cache_key", ("",))[0] == "stored"  # views of the statistics
-        report = {"eigenpair_cache": 0 if borrowed else
-                  sum(u.nbytes + s.nbytes for _, u, s in cache.values())}
+        report: dict[str, int] = {"eigenpair_cache": 0 if borrowed else
+                                  sum(u.nbytes + s.nbytes for _, u, s in cache.values())}
         if hasattr(self, "_screen_cache"):
             report["screening_rows"] = sum(t.nbytes for t in self._screen_cache.values()
                                            if isinstance(t, torch.Tensor))

@@ -8,6 +8,8 @@ statistics: class counts and means and one pooled within-class scatter
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from .._validation import check_positive_int
@@ -139,7 +141,7 @@ class RBFLDA(MappedLinearHead):
         mu = stats.means
         W = torch.cholesky_solve(mu.T, L).T
         # the priors rule of every gdacil head (it reads only `priors` and the class counts)
-        log_priors = GaussianHead._log_priors(self, stats)
+        log_priors = GaussianHead._log_priors(cast(GaussianHead, self), stats)
         return W, -0.5 * (mu * W).sum(1) + log_priors
 
     def _state_bytes(self, dim, n_classes):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from .._validation import check_nonnegative
@@ -55,7 +57,7 @@ def check_alphas(alpha1, alpha2, alpha3) -> tuple[float, float, float]:
     alphas = tuple(check_nonnegative(a, f"alpha{i}") for i, a in enumerate((alpha1, alpha2, alpha3), 1))
     if alphas[0] == 0.0 and alphas[1] == 0.0 and alphas[2] == 0.0:
         raise ValueError("alpha1, alpha2 and alpha3 are all zero: the covariance would be zero")
-    return alphas
+    return cast("tuple[float, float, float]", alphas)  # three alphas in, three out
 
 
 def regularized_covariances(covs, avg, alpha1, alpha2, alpha3) -> torch.Tensor:

@@ -159,7 +159,7 @@ class RanPAC(RidgeHead):
 
     def _start_state(self) -> None:
         super()._start_state()
-        self.lam_history_ = []
+        self.lam_history_: list[dict] = []
 
     def _needs_batch(self) -> bool:
         return self.lam == "auto"

@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
+from typing import cast
 
 from .. import __version__
 from ..hashing import sha256_json
@@ -92,7 +93,7 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 
 def _number(name: str) -> int:
-    return int(_NAME.fullmatch(name).group(1))
+    return int(cast("re.Match[str]", _NAME.fullmatch(name)).group(1))  # a listed version's name
 
 
 def _normalise(version: str | int) -> str:
@@ -362,7 +363,8 @@ class VersionWriter:
         digest = sha256_file(target)
         theirs = self.parent.manifest["files"].get(relative) if self.parent else None
         if (theirs not in (None, digest) and relative.endswith(".safetensors")
-                and _tensors_checksum(target) == _tensors_checksum(self.parent.file(relative))):
+                and _tensors_checksum(target) == _tensors_checksum(
+                    cast(OpenedVersion, self.parent).file(relative))):  # theirs: a parent
             digest = theirs  # linked below, once the parent's file is verified
         if not self._link_parent(relative, digest, target):
             digest = sha256_file(target)

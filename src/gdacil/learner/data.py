@@ -73,7 +73,7 @@ class Samples:
             raise ValueError(f"max_per_class must be a positive integer; got {n!r}")
         rng = np.random.default_rng(seed)
         labels = np.asarray(self.labels, dtype=object)
-        keep = []
+        keep: list[np.intp] = []
         for name in sorted(set(self.labels)):
             where = np.flatnonzero(labels == name)
             keep.extend(where if len(where) <= n else rng.choice(where, n, replace=False))
@@ -215,7 +215,7 @@ def _json_lines(path: Path, text_column: str, label_column: str) -> Samples:
                     numbered.append((n, json.loads(line)))
                 except ValueError as exc:
                     raise ValueError(f"{path}, line {n}: not valid JSON ({exc})") from None
-    rows = []
+    rows: list[tuple[str, str]] = []
     for n, record in numbered:
         if not isinstance(record, dict):
             raise ValueError(f"{path}, line {n}: expected a JSON object")

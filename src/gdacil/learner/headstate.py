@@ -39,7 +39,8 @@ def head_state(head, stats=None) -> tuple[dict[str, torch.Tensor], dict] | None:
     """``(tensors, metadata)`` of the fitted ``head`` (for :func:`gdacil.io.save_tensors`), or
     ``None`` when its fitted state cannot be stored that way. ``stats``: the statistics it was
     fitted on (to store LR-RGDA's eigenpairs, when they are those of ``stats``)."""
-    tensors, values = {}, {}
+    tensors: dict[str, torch.Tensor] = {}
+    values: dict[str, object] = {}
     for name, value in vars(head).items():
         if name.startswith("_") or not name.endswith("_"):
             continue

@@ -45,6 +45,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -61,6 +62,9 @@ from .config import LearnerConfig
 from .data import LazySamples, Samples, load_images, load_texts, read_samples
 from .headstate import bind_eigenpairs, head_state, restore_head
 from .reservoir import AnchorReservoir
+
+if TYPE_CHECKING:
+    from ..heads import GaussianHead
 
 __all__ = ["LearnReport", "Learner", "Prediction", "UnknownClassError"]
 
@@ -171,7 +175,7 @@ class Learner:
         self._lazy: bundle.OpenedVersion | None = None  # where unread statistics are
         self._eigenpairs = None  # the head's stored eigenpairs, bound when statistics load
         self._saved: dict[int, int] = {}  # class id -> its revision in the version of origin
-        self._head = None
+        self._head: GaussianHead | None = None  # config: a head of gdacil.heads.HEADS
         self._ids: dict[str, int] = {}
         self._next_id = 0
         self._steps = 0
@@ -365,6 +369,7 @@ class Learner:
             if cfg.include_current:
                 before.append(self._features_of(samples, load, progress))
         if trains:
+            assert self._strategy is not None  # only a strategy trains
             self._strategy.adapt_task(bb, t, LazySamples(samples.keys, load),
                                       y.numpy(), generator=task_seed(cfg.seed, t, _ADAPT))
         X = self._features_of(samples, load, progress)
@@ -393,11 +398,12 @@ class Learner:
                     reservoir = reservoir.offered(samples, load, rng, side, bb.modality)
         except BaseException:
             if self._head is not None and head is self._head:  # the old head, on the old stats
-                self._head.fit(self._stats)
+                self._head.fit(cast(ClassStatistics, self._stats))  # learn loaded them
             raise
         return stats, head, reservoir
 
     def _snapshot(self) -> tuple[dict, dict]:
+        assert self._strategy is not None  # taken only when the strategy trains
         return _weights(self.backbone), dict(self._strategy.moments_)
 
     def _restore(self, snapshot: tuple[dict, dict]) -> None:
@@ -466,11 +472,13 @@ class Learner:
         names = list(dict.fromkeys(names))
         drop = {self._ids[n] for n in names}
         old = self._loaded_statistics()
+        assert old is not None  # the classes to forget are known, so statistics exist
         keep = [c for c in old.classes if c not in drop]
         stats = old.subset(keep)
         head = None
         if keep:
             head = self._head
+            assert head is not None  # fitted on the classes held
             try:
                 head.fit(stats)
             except BaseException:
@@ -523,6 +531,8 @@ class Learner:
         """
         directory = Path(directory).expanduser()
         resolved = directory.resolve()
+        expect: object  # a version name, bundle.ANY or None: see bundle.write_version
+        parent: str | None
         if self._origin is not None and self._origin[0] == resolved:
             expect = parent = self._origin[1]
         elif (directory / bundle.CURRENT).exists():
@@ -559,12 +569,12 @@ class Learner:
         as_loaded = self._backbone is None and self._weights is not None  # never built since
         if (self._strategy is not None or self.config.store_backbone) and not (
                 continues and as_loaded and writer.link("backbone.safetensors")):
-            weights = self._weights if as_loaded else _weights(self.backbone)
+            weights = cast(dict, self._weights) if as_loaded else _weights(self.backbone)
             writer.write_with("backbone.safetensors", lambda p: save_tensors(
                 p, weights, {"backbone": self.config.backbone}))
-        if self._strategy is not None:
+        if (strategy := self._strategy) is not None:
             writer.write_with("strategy.safetensors",
-                              lambda p: save_tensors(p, *self._strategy.state_dict()))
+                              lambda p: save_tensors(p, *strategy.state_dict()))
         if self._reservoir.size:
             writer.write_json("anchors.json", self._reservoir.to_json())
             for relative, png in self._reservoir.files().items():
@@ -592,12 +602,14 @@ class Learner:
         if self.config.statistics_config().storage != "dense":
             if not (continues and all(map(unchanged, self._order))
                     and writer.link("statistics.safetensors")):
-                writer.write_with("statistics.safetensors", self._loaded_statistics().save)
+                loaded = cast(ClassStatistics, self._loaded_statistics())  # classes are held
+                writer.write_with("statistics.safetensors", loaded.save)
             return
         for c in self._order:
             relative = f"statistics/{c}.safetensors"
             if not (continues and unchanged(c) and writer.link(relative)):
-                writer.write_with(relative, self._loaded_statistics().subset([c]).save)
+                loaded = cast(ClassStatistics, self._loaded_statistics())  # classes are held
+                writer.write_with(relative, loaded.subset([c]).save)
 
     @classmethod
     def load(cls, directory: str | os.PathLike, version: str | int | None = None, *,

@@ -17,6 +17,7 @@ import hashlib
 import io
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -123,7 +124,7 @@ class AnchorReservoir:
 
     def files(self) -> dict[str, bytes]:
         """The image files of the anchors: relative path -> PNG bytes."""
-        return {a.file: a.png for a in self.anchors if a.png is not None}
+        return {cast(str, a.file): a.png for a in self.anchors if a.png is not None}  # set with png
 
     @classmethod
     def from_json(cls, data: dict, read: Callable[[str], bytes]) -> AnchorReservoir:
