@@ -325,3 +325,18 @@ def test_tensors_with_a_stride_zero_dimension_are_saved_and_hashed_like_their_co
     assert sha256_tensors([("a", expanded)]) == sha256_tensors([("a", plain)])
     save_tensors(tmp_path / "t.safetensors", {"a": expanded}, {})
     assert torch.equal(load_tensors(tmp_path / "t.safetensors")[0]["a"], plain)
+
+
+@pytest.mark.parametrize("fmt", [["gdacil.ClassGaussians/1"], {"a": 1}, 3, None])
+def test_a_file_whose_format_is_not_a_string_is_refused_with_a_value_error(tmp_path, fmt):
+    """Metadata is any JSON: a list or object as the format (unhashable) must not escape as a
+    TypeError from the format lookup."""
+    from gdacil import ClassStatistics
+    from gdacil.heads import MappedLinearHead
+    from gdacil.io import save_tensors
+
+    path = save_tensors(tmp_path / "odd.safetensors", {"counts": torch.ones(1)}, {"format": fmt})
+    with pytest.raises(ValueError, match="not a ClassStatistics file"):
+        ClassStatistics.load(path)
+    with pytest.raises(ValueError, match="not a MappedLinearHead file"):
+        MappedLinearHead.load(path)

@@ -500,7 +500,8 @@ class ClassStatistics(abc.ABC):
         """
         tensors, meta = load_tensors(path)
         fmt: Any = meta.get("format")  # any JSON value in a file's metadata
-        target = ClassStatistics._formats.get(fmt) if cls is ClassStatistics else cls
+        known = ClassStatistics._formats.get(fmt) if isinstance(fmt, str) else None
+        target = known if cls is ClassStatistics else cls
         if target is None or fmt != target._FORMAT:
             raise ValueError(f"{path}: not a {cls.__name__} file (format {fmt!r})")
         return target.from_tensors(tensors, {k: v for k, v in meta.items() if k != "format"},

@@ -327,7 +327,7 @@ class MappedLinearHead(ABC):
         """Read a head written by :meth:`save` (``MappedLinearHead.load`` reads any of them)."""
         tensors, meta = load_tensors(path)
         fmt: Any = meta.get("format")  # any JSON value in a file's metadata
-        target = MappedLinearHead._formats.get(fmt)
+        target = MappedLinearHead._formats.get(fmt) if isinstance(fmt, str) else None
         if target is None or (cls is not MappedLinearHead and target is not cls):
             raise ValueError(f"{path}: not a {cls.__name__} file (format {fmt!r})")
         params = dict(meta["params"])
