@@ -102,3 +102,18 @@ def test_overrides_get_their_own_output_folder_and_are_recorded(tmp_path):
     assert output_dir(load_config(path, ["seeds=[5]"])) != output_dir(varied)
     explicit = load_config(path, ["seeds=[4]", f"output_dir={tmp_path / 'x'}"])
     assert output_dir(explicit) == tmp_path / "x"
+
+
+def test_every_example_of_gdacil_help_parses():
+    """The examples in ``gdacil --help`` stay true: each is a command line the parser takes."""
+    import shlex
+
+    from gdacil.cli import EPILOG, build_parser
+
+    # "  gdacil run demo --set seeds=[1,2,3]           what it does": the command ends at "  "
+    commands = [shlex.split(line.strip().split("  ")[0]) for line in EPILOG.splitlines()[1:]]
+    commands = [c[1:] for c in commands if c and c[0] == "gdacil"]
+    assert len(commands) >= 10
+    for argv in commands:
+        args = build_parser().parse_args(argv)
+        assert callable(args.func), argv

@@ -28,6 +28,9 @@ EPILOG = """examples:
   torchrun --nproc_per_node 2 -m gdacil run my.yaml   data-parallel on 2 processes
   gdacil bench speed --quick                    head build time, throughput and memory
   gdacil bench scale --classes 1000 10000       LR-RGDA memory, builds, pruned inference at scale
+  gdacil learn my-model --data photos/          a continual classifier from class folders
+  gdacil predict my-model new.jpg --top-k 3
+  gdacil serve my-model --allow-learn           the model over HTTP (pip install 'gdacil[serve]')
   gdacil list heads
 """
 
