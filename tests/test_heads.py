@@ -509,9 +509,20 @@ def test_auto_pruning_follows_the_pilot_pass_rate_and_stays_exact(spread, k, mod
     assert torch.equal(pilot[1], dense_labels[:16])
     if mode == "pruned":  # the pilot passed few pairs, so every batch was pruned
         assert pilot_fraction <= lowrank.AUTO_MAX_PASS and fraction < 0.5
-    else:  # most pairs passed: after the pilot every pair was scored densely
+    else:  # most pairs passed: the pilot gave up after its screening, and all was dense
         assert pilot_fraction > lowrank.AUTO_MAX_PASS
-        assert fraction == pytest.approx((16 * pilot_fraction + len(queries) - 16) / len(queries))
+        assert fraction == 1.0
+        rounds, row_norms = [], LRRGDA._row_norms
+
+        def counted(self, X, cls, smp, start, stop):
+            rounds.append((start, stop))
+            return row_norms(self, X, cls, smp, start, stop)
+
+        monkeypatch.setattr(LRRGDA, "_row_norms", counted)
+        head.top_k(queries, k, screen_rank=2, sample_batch=16)
+        assert not [r for r in rounds if r[0] > 0]  # no round after the screening ran
+        head.top_k(queries, k, pruned=True, screen_rank=2, sample_batch=16)
+        assert [r for r in rounds if r[0] > 0]  # (the spy sees the rounds of forced pruning)
     with pytest.raises(ValueError, match="pruned must be 'auto', True or False"):
         head.top_k(queries, k, pruned="sometimes")
 

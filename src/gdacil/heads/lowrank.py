@@ -40,8 +40,9 @@ __all__ = ["LRRGDA"]
 #: (sample, class) pairs passing the screening for which pruning goes on. In ``gdacil bench
 #: scale`` pruning was 0.7-0.8x dense where 80-86% of the pairs passed and 3.7-4.8x where 3-4%
 #: did; the cost of a passing pair is about 1.5-3.7 dense pairs, so pruning wins below about
-#: a quarter.
-AUTO_PILOT = 256
+#: a quarter. A pilot above it stops right after its screening (about (j + 1) / (r + 1) of a
+#: dense pass) and is scored densely, so a failed pilot of 64 samples costs little.
+AUTO_PILOT = 64
 AUTO_MAX_PASS = 0.25
 #: From this many classes ``pruned="auto"`` tries pruning (and ``predict`` takes the exact
 #: pruned argmax, ``top_k(X, 1)``): 3.7-4.8x dense at 1,000 classes in ``gdacil bench scale``,
@@ -384,7 +385,7 @@ class LRRGDA(GaussianHead):
         starts = list(range(0, X.shape[0], sample_batch))
         if pruned == "auto" and X.shape[0]:  # a pilot batch decides for the rest
             pilot = min(AUTO_PILOT, X.shape[0])
-            parts.append(self._pruned_or_dense(X[:pilot], k, j, screen))
+            parts.append(self._pruned_or_dense(X[:pilot], k, j, screen, AUTO_MAX_PASS))
             if parts[0][2] > AUTO_MAX_PASS * pilot * C:
                 mode = "dense"
             starts = list(range(pilot, X.shape[0], sample_batch))
@@ -404,11 +405,11 @@ class LRRGDA(GaussianHead):
                               "mode": mode}
         return torch.cat(out_scores), self.classes_[torch.cat(out_idx).cpu()]
 
-    def _pruned_or_dense(self, X, k: int, j: int, screen):
+    def _pruned_or_dense(self, X, k: int, j: int, screen, max_pass: float | None = None):
         """``(scores, idx, pairs scored, classes scored)`` of the pruned top-k of ``X``, or of the
         dense scores where a bound or score overflows the head's dtype (rescaled in float64, or
-        refused)."""
-        result = self._pruned_top_k(X, k, j, screen)
+        refused), or where more than ``max_pass`` of the pairs pass the screening."""
+        result = self._pruned_top_k(X, k, j, screen, max_pass)
         if result is None or not all_finite(result[0]):
             C = self.rows_.shape[0]
             result = (*self._decision(X).topk(k, dim=1), X.shape[0] * C, C)
@@ -505,10 +506,12 @@ class LRRGDA(GaussianHead):
         margin = 64 * torch.finfo(self.dtype).eps * (size + sq_norm)
         return lin, lower, upper, sq_norm, margin
 
-    def _pruned_top_k(self, X: torch.Tensor, k: int, j: int, dtype: torch.dtype):
+    def _pruned_top_k(self, X: torch.Tensor, k: int, j: int, dtype: torch.dtype,
+                      max_pass: float | None = None):
         """Screen with ``j`` rows, then add rows in rounds (``j -> 3j -> ... -> r``) to the
         pairs whose upper bound still reaches the ``k``-th best lower bound of their sample.
-        ``None`` where a bound overflows the head's dtype."""
+        ``None`` where a bound overflows the head's dtype, or where more than ``max_pass`` of
+        the pairs pass the screening (the rounds would then cost more than dense scoring)."""
         lin, lower, upper, sq_norm, margin = self._bounds(X, j, dtype)
         if not (all_finite(lower) and all_finite(upper) and all_finite(margin)):
             return None  # a bound overflowed, so pairs could be dropped wrongly: score densely
@@ -518,6 +521,8 @@ class LRRGDA(GaussianHead):
         floor = self._exact_scores(X, lin, lower.topk(k, dim=1).indices).amin(1, keepdim=True)
         threshold = floor - 2.0 * margin        # bounds and threshold carry one margin each
         cls, smp = (upper >= threshold).T.nonzero(as_tuple=True)        # sorted by class
+        if max_pass is not None and len(smp) > max_pass * upper.numel():
+            return None
         scored, classes = len(smp), len(torch.unique_consecutive(cls))
         # a pair's score is base + screened + rest: its linear score, its first j rows (a lower
         # bound of them after a lowered screening, open by at most `width`) and the rows after
