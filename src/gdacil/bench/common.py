@@ -62,6 +62,13 @@ def write_json(path: str | os.PathLike, payload: dict) -> Path:
     return atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
+def write_report(out: Path, stem: str, payload: dict, markdown: str) -> None:
+    """Write ``out/<stem>.json`` and ``out/<stem>.md`` (atomically) and print the markdown."""
+    write_json(out / f"{stem}.json", payload)
+    atomic_write_text(out / f"{stem}.md", markdown)
+    print(markdown)
+
+
 def markdown_table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in rows]

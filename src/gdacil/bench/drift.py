@@ -40,8 +40,13 @@ import torch
 
 from ..drift import build_compensator
 from ..drift.synthetic import sphere_drift_problem
-from ..io import atomic_write_text
-from .common import machine_info, markdown_table, output_arguments, refuse_to_overwrite, write_json
+from .common import (
+    machine_info,
+    markdown_table,
+    output_arguments,
+    refuse_to_overwrite,
+    write_report,
+)
 
 __all__ = ["QUICK", "DriftBenchConfig", "main", "measure_cell", "render", "run"]
 
@@ -305,9 +310,7 @@ def main(argv=None) -> int:
     payload["command"] = " ".join([prog, *(shlex.quote(a) for a in
                                            (sys.argv[1:] if argv is None else argv))])
     payload["cpu_model"] = _cpu_model()
-    write_json(args.out / "drift.json", payload)
-    atomic_write_text(args.out / "drift.md", render(payload))
-    print(render(payload))
+    write_report(args.out, "drift", payload, render(payload))
     return 0
 
 

@@ -25,7 +25,13 @@ import numpy as np
 import torch
 
 from .._plotting import save_figure, subplots
-from .common import machine_info, markdown_table, output_arguments, refuse_to_overwrite, write_json
+from .common import (
+    machine_info,
+    markdown_table,
+    output_arguments,
+    refuse_to_overwrite,
+    write_report,
+)
 from .featuresets import FEATURE_SETS, SCALINGS
 from .incremental import RUNS_DIR, TASKS, HeadEntry, run_cells
 
@@ -134,15 +140,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     refuse_to_overwrite(parser, args, "anchors.json")
-    target = args.out / "anchors.json"
     payload = run(args.features, args.scalings, args.seeds, args.heads,
                   runs_dir=args.out / RUNS_DIR, log=lambda line: print(line, flush=True))
-    write_json(target, payload)
-    from ..io import atomic_write_text
-
-    atomic_write_text(args.out / "anchors.md", render(payload))
     plot(payload, args.out / "anchors.png")
-    print(render(payload))
+    write_report(args.out, "anchors", payload, render(payload))
     return 0
 
 

@@ -50,7 +50,13 @@ import torch
 from .._optional import MissingDependencyError
 from .._plotting import save_figure, subplots
 from ..data.base import DataNotFoundError
-from .common import machine_info, markdown_table, output_arguments, refuse_to_overwrite, write_json
+from .common import (
+    machine_info,
+    markdown_table,
+    output_arguments,
+    refuse_to_overwrite,
+    write_report,
+)
 
 if TYPE_CHECKING:
     from ..backbones.base import Backbone
@@ -938,12 +944,8 @@ def main(argv=None) -> int:
     if args.pass_budget is not None:
         cfg.pass_budget_s = args.pass_budget
     payload = run(cfg, log=lambda line: print(line, flush=True))
-    write_json(args.out / "pipeline.json", payload)
-    from ..io import atomic_write_text
-
-    atomic_write_text(args.out / "pipeline.md", render(payload))
     plot(payload, args.out / "pipeline.png")
-    print(render(payload))
+    write_report(args.out, "pipeline", payload, render(payload))
     return 0
 
 

@@ -36,7 +36,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .common import machine_info, markdown_table, output_arguments, refuse_to_overwrite, write_json
+from .common import (
+    machine_info,
+    markdown_table,
+    output_arguments,
+    refuse_to_overwrite,
+    write_report,
+)
 from .pipeline import TINY_VIT, PipelineBenchConfig, _rounds, _samples, write_images
 
 __all__ = ["FULL", "QUICK", "ServeBenchConfig", "ServeModel", "main", "render", "run"]
@@ -273,11 +279,7 @@ def main(argv=None) -> int:
     if args.requests:
         cfg = replace(cfg, requests=args.requests)
     payload = run(cfg, log=lambda line: print(line, flush=True))
-    write_json(args.out / "serve.json", payload)
-    from ..io import atomic_write_text
-
-    atomic_write_text(args.out / "serve.md", render(payload))
-    print(render(payload))
+    write_report(args.out, "serve", payload, render(payload))
     return 0
 
 

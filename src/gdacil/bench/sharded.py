@@ -30,7 +30,13 @@ from typing import Any
 
 import torch
 
-from .common import machine_info, markdown_table, output_arguments, refuse_to_overwrite, write_json
+from .common import (
+    machine_info,
+    markdown_table,
+    output_arguments,
+    refuse_to_overwrite,
+    write_report,
+)
 from .scale import ScaleBenchConfig, SyntheticClasses, _compress, _peak_rss
 
 __all__ = ["QUICK", "ShardedBenchConfig", "main", "render", "run"]
@@ -174,11 +180,7 @@ def main(argv=None) -> int:
     if args.worlds:
         cfg = replace(cfg, worlds=tuple(args.worlds))
     payload = run(cfg, log=lambda line: print(line, flush=True))
-    write_json(args.out / "sharded.json", payload)
-    from ..io import atomic_write_text
-
-    atomic_write_text(args.out / "sharded.md", render(payload))
-    print(render(payload))
+    write_report(args.out, "sharded", payload, render(payload))
     return 0
 
 

@@ -30,7 +30,7 @@ from .common import (
     markdown_table,
     output_arguments,
     refuse_to_overwrite,
-    write_json,
+    write_report,
 )
 
 __all__ = ["HeadsBenchConfig", "main", "run"]
@@ -260,12 +260,8 @@ def main(argv=None) -> int:
         cfg.classes = tuple(args.classes)
     cfg.sklearn_qda = not args.no_sklearn
     payload = run(cfg, log=lambda row: print(row, flush=True))
-    write_json(args.out / "speed.json", payload)
-    from ..io import atomic_write_text
-
-    atomic_write_text(args.out / "speed.md", render(payload))
     plot(payload, args.out / "speed.png")
-    print(render(payload))
+    write_report(args.out, "speed", payload, render(payload))
     return 0
 
 
