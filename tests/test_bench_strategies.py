@@ -25,17 +25,17 @@ def test_every_planned_run_is_a_valid_experiment(tmp_path):
     for run in runs:
         exp = _config(run)
         assert exp.output_dir == str(tmp_path / "runs" / run.name)
-        assert exp.threads == cfg.threads and exp.protocol["test_cap"] == cfg.test_cap
+        assert exp.threads == cfg.threads and exp.protocol.test_cap == cfg.test_cap
         if run.name == "hopdc-sensitivity":
             assert list(exp.heads) == ["lr_rgda"] and exp.anchors.n == 1024
             assert {exp.track_anchors(t) for t in exp.compensators} == {None, 0, 64, 256, 1024}
             assert len(exp.compensators) == 2 + len(cfg.tau) + len(cfg.topk) + len(cfg.n_anchors)
-            assert exp.compensators["k=all"]["topk"] is None
+            assert exp.compensators["k=all"].params["topk"] is None
             continue
         if run.name.startswith("hopdc-moments"):
             assert list(exp.heads) == ["lr_rgda"]
             assert exp.drift_diagnostics == (run.name == "hopdc-moments-seed1993")
-            assert exp.compensators["hopdc_matched"]["match_moments"] is True
+            assert exp.compensators["hopdc_matched"].params["match_moments"] is True
             assert exp.build_strategy().config.name == "seqft"
             continue
         strategy = run.name.split("-seed")[0]

@@ -22,7 +22,7 @@ heads:
 """)
     cfg = load_config(p, ["seeds=[3]", "heads.lda.shrinkage=0.3", "protocol.test_cap=4"])
     assert isinstance(cfg, ExperimentConfig)
-    assert cfg.seeds == [3] and cfg.protocol["test_cap"] == 4 and cfg.protocol["train_cap"] == 5
+    assert cfg.seeds == [3] and cfg.protocol.test_cap == 4 and cfg.protocol.train_cap == 5
     assert cfg.heads["lda"] == HeadConfig("lda", {"shrinkage": 0.3})
     assert cfg.heads["low"] == HeadConfig("lr_rgda", {"rank": 8})
     protocol = cfg.build_protocol(7)
@@ -33,9 +33,11 @@ heads:
     "text, override, match",
     [
         ("nmae: x\n", [], r"unknown key\(s\) \['nmae'\]"),
-        ("protocol: {datasets: [x], increment: ten}\n", [], "increment must be a positive integer"),
-        ("protocol: {datasets: [x], sede: 1}\n", [], r"unknown protocol fields \['sede'\]"),
-        ("protocol: {datasets: [x], seed: 1}\n", [], "top-level `seeds`"),
+        ("protocol: {datasets: [x], increment: ten}\n", [],
+         "protocol.increment: expected an integer, got 'ten'"),
+        ("protocol: {datasets: [x], increment: 0}\n", [], "increment must be an integer >= 1"),
+        ("protocol: {datasets: [x], sede: 1}\n", [], r"protocol: unknown key\(s\) \['sede'\]"),
+        ("protocol: {datasets: [x], seed: 1}\n", [], "protocol.seed: .*top-level `seeds`"),
         ("heads: {svm: {}}\n", [], "unknown head 'svm'"),
         ("heads: {lda: {rank: 3}}\n", [], "head 'lda' has no parameter"),
         ("seeds: []\n", [], "at least one seed"),
@@ -117,3 +119,137 @@ def test_every_example_of_gdacil_help_parses():
     for argv in commands:
         args = build_parser().parse_args(argv)
         assert callable(args.func), argv
+
+
+# ---------------------------------------------------------------- the typed config layer
+BASE = """
+protocol: {datasets: [wordnet-hypernym]}
+strategy: {name: seqft}
+compensators: {h: {name: hopdc}}
+heads: {low: {name: lr_rgda}}
+"""
+
+def test_every_shipped_config_round_trips_through_to_dict():
+    """What a run records in results.json loads back into an equal config."""
+    import json
+
+    for name, path in shipped_configs().items():
+        cfg = load_config(path)
+        saved = json.loads(json.dumps(cfg.to_dict()))
+        assert saved == cfg.to_dict(), name  # JSON-native
+        assert ExperimentConfig.from_dict(saved) == cfg, name
+
+
+def test_sections_are_typed_and_keep_their_yaml_spelling(tmp_path):
+    from gdacil.cil.config import CompensatorConfig, StrategySpec
+    from gdacil.data import ProtocolConfig
+
+    cfg = load_config(write(tmp_path, """
+strategy: {name: seqft, defaults: reference, train: {steps: 3}}
+compensators:
+  none: {name: identity}
+  hopdc: {name: hopdc, defaults: paper, topk: 100, anchors: 512}
+"""))
+    assert isinstance(cfg.protocol, ProtocolConfig)
+    assert cfg.strategy == StrategySpec("seqft", "reference", {"train": {"steps": 3}})
+    assert cfg.compensators["hopdc"] == CompensatorConfig("hopdc", "paper", 512, {"topk": 100})
+    assert cfg.to_dict()["strategy"] == {"name": "seqft", "defaults": "reference",
+                                         "train": {"steps": 3}}
+    assert cfg.to_dict()["compensators"]["none"] == {"name": "identity"}
+    assert cfg.build_protocol(5) == cfg.protocol.with_seed(5)
+    assert cfg.build_compensator("hopdc").topk == 100 and cfg.track_anchors("hopdc") == 512
+
+
+def test_set_reaches_every_nested_field(tmp_path):
+    path = write(tmp_path, "protocol: {datasets: [wordnet-hypernym]}\nstrategy: {name: seqft}\n"
+                           "compensators: {hopdc: {name: hopdc}}\n")
+    cfg = load_config(path, ["protocol.increment=5",
+                             "protocol.dataset_options.wordnet-hypernym.n_classes=20",
+                             "strategy.train.lr=0.001", "strategy.defaults=reference",
+                             "compensators.hopdc.topk=100", "compensators.hopdc.anchors=64",
+                             "statistics.storage=lowrank", "anchors.n=128"])
+    assert cfg.protocol.increment == 5
+    assert cfg.protocol.dataset_options == {"wordnet-hypernym": {"n_classes": 20}}
+    strategy = cfg.build_strategy().config
+    assert strategy.train.lr == 0.001 and strategy.train.optimizer == "adamw"  # reference
+    assert cfg.compensators["hopdc"].params == {"topk": 100}
+    assert cfg.track_anchors("hopdc") == 64 and cfg.build_compensator("hopdc").topk == 100
+    assert cfg.statistics.storage == "lowrank" and cfg.anchors.n == 128
+
+
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("protocol.increment=ten", r"^protocol\.increment: expected an integer, got 'ten'$"),
+        ("protocol.cross_domain=maybe", r"^protocol\.cross_domain: expected true or false"),
+        ("protocol.datasets=wordnet", r"^protocol\.datasets: expected a list of strings"),
+        ("protocol.test_fraction=[1]", r"^protocol\.test_fraction: expected a number"),
+        ("strategy.name=[seqft]", r"^strategy\.name: expected a string"),
+        ("strategy.train.lr=fast", r"^strategy\.train\.lr: expected a number, got 'fast'$"),
+        ("strategy.train.augment.flip=often", r"^strategy\.train\.augment\.flip: expected a number"),
+        ("strategy.lora.targets=attention", r"^strategy\.lora\.targets: expected a list of strings"),
+        ("compensators.h.anchors=many", r"^compensators\.h\.anchors: expected an integer or null"),
+        ("compensators.h.defaults=1", r"^compensators\.h\.defaults: expected a string or null"),
+        ("anchors.n=lots", r"^anchors\.n: expected an integer"),
+        ("backbone.batch_size=1.5", r"^backbone\.batch_size: expected an integer, got 1\.5$"),
+        ("statistics.rank=high", r"^statistics\.rank: expected an integer"),
+        ("heads.low.params=3", r"^heads\.low\.params: expected a mapping, got 3$"),
+    ],
+)
+def test_a_wrong_type_names_its_dotted_path(tmp_path, override, match):
+    path = write(tmp_path, BASE)
+    with pytest.raises(ConfigError, match=match) as err:
+        load_config(path, [override])
+    assert isinstance(err.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("protocol.increments=5", r"^protocol: unknown key\(s\) \['increments'\]; known: datasets, "),
+        ("strategy.train.lrr=0.1", r"^strategy\.train: unknown key\(s\) \['lrr'\]; known: steps, "),
+        ("strategy.trian={}", r"^strategy: unknown key\(s\) \['trian'\]; known: name, params"),
+        ("strategy.lora.alpha=2", r"^strategy\.lora: unknown key\(s\) \['alpha'\]; known: rank, "),
+        ("compensators.h.temperature=1", r"^compensators\.h: .*temperature"),
+        ("backbone.colour=red", r"^backbone: unknown key\(s\) \['colour'\]; known: name, options"),
+        ("anchors.size=3", r"^anchors: unknown key\(s\) \['size'\]"),
+        ("statistics.q=3", r"^statistics: unknown key\(s\) \['q'\]"),
+        ("heads.low.rank=3", r"^heads\.low: unknown key\(s\) \['rank'\]; known: name, params$"),
+    ],
+)
+def test_unknown_nested_keys_are_refused(tmp_path, override, match):
+    path = write(tmp_path, BASE)
+    with pytest.raises(ConfigError, match=match):
+        load_config(path, [override])
+
+
+def test_missing_names_and_python_built_configs_are_checked_the_same_way():
+    with pytest.raises(ConfigError, match=r"^strategy: missing key\(s\) \['name'\]$"):
+        ExperimentConfig.from_dict({"strategy": {"defaults": "paper"}})
+    with pytest.raises(ConfigError, match=r"^compensators\.x: missing key\(s\) \['name'\]$"):
+        ExperimentConfig.from_dict({"compensators": {"x": {"topk": 3}}})
+    with pytest.raises(ConfigError, match=r"^protocol\.increment: expected an integer"):
+        ExperimentConfig(protocol={"datasets": ["wordnet-hypernym"], "increment": "ten"})
+    cfg = ExperimentConfig(protocol={"datasets": ["fashion-mnist"], "increment": 2},
+                           strategy={"name": "seqft"}, compensators={"h": {"name": "sdc"}})
+    assert cfg == ExperimentConfig.from_dict(cfg.to_dict())
+    assert cfg.protocol.datasets == ("fashion-mnist",)
+
+
+def test_one_error_type_for_every_config():
+    """The strategy, learner and protocol configs refuse bad values with the same ConfigError."""
+    from gdacil.adapt import StrategyConfig, build_strategy
+    from gdacil.data import Protocol
+    from gdacil.learner import LearnerConfig
+
+    for build, match in [
+        (lambda: StrategyConfig.from_dict({"lora": {"rank": "four"}}, where="strategy"),
+         r"^strategy\.lora\.rank: expected an integer, got 'four'$"),
+        (lambda: build_strategy("seqft", train={"steps": "many"}), r"^strategy\.train\.steps: "),
+        (lambda: Protocol.from_dict({"datasets": ["a"], "seed": "x"}), r"^seed: expected an"),
+        (lambda: LearnerConfig.from_dict({"anchors": "all"}), r"^anchors: expected an integer"),
+        (lambda: LearnerConfig.from_dict({"strategy": {"name": "seqft", "train": {"lr": "x"}}}),
+         r"strategy\.train\.lr: expected a number"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            build()

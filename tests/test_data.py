@@ -320,7 +320,7 @@ def test_protocol_serialisation_and_validation():
     )
     assert Protocol.from_dict(json.loads(json.dumps(p.to_dict()))) == p
     assert p.identity()["dataset_options"] == {"a": {}}
-    with pytest.raises(ValueError, match="unknown protocol fields"):
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['shots'\]"):
         Protocol.from_dict({"datasets": ["a"], "shots": 5})
     with pytest.raises(ValueError, match="exactly one dataset"):
         Protocol(("a", "b"))

@@ -227,14 +227,14 @@ def test_config_is_validated_and_round_trips():
         LearnerConfig(head="lr_rgda", head_params={"rnak": 3})
     with pytest.raises(ConfigError, match="unknown backbone 'resnet'"):
         LearnerConfig(backbone="resnet")
-    with pytest.raises(ConfigError, match="anchors: expected an integer >= 0") as err:
+    with pytest.raises(ConfigError, match="anchors must be an integer >= 0") as err:
         LearnerConfig(anchors=-1, strategy="nope")
     assert "unknown strategy 'nope'" in str(err.value)  # every problem in one error
     config = LearnerConfig(backbone="vit", strategy="seqft", compensator="sdc",
                            statistics="lowrank", head="ncm")
-    assert config.strategy == {"name": "seqft"} and config.statistics == {"storage": "lowrank"}
+    assert config.strategy.name == "seqft" and config.statistics.storage == "lowrank"
     assert LearnerConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
-    with pytest.raises(ConfigError, match=r"unknown learner setting\(s\) \['colour'\]"):
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['colour'\]"):
         LearnerConfig.from_dict({"colour": "red"})
 
 

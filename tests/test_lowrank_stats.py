@@ -381,9 +381,10 @@ def test_statistics_config_is_validated_and_dense_keeps_its_fingerprint():
     assert experiment_fingerprint(dense) == base      # runs before this option resume unchanged
     low = config_from_dict(ExperimentConfig, {"statistics": {"storage": "lowrank", "rank": 64}})
     assert experiment_fingerprint(low) != base
-    for bad, match in [({"storage": "sparse"}, "statistics.storage"),
-                       ({"rank": 0}, "statistics.rank"), ({"dtype": "float16"}, "statistics.dtype"),
-                       ({"decomposition": "svd"}, "statistics.decomposition"),
+    for bad, match in [({"storage": "sparse"}, "statistics: unknown storage"),
+                       ({"rank": 0}, "statistics: rank must be"),
+                       ({"dtype": "float16"}, "statistics: unknown dtype"),
+                       ({"decomposition": "svd"}, "statistics: unknown decomposition"),
                        ({"q": 3}, "unknown key")]:
         with pytest.raises(ConfigError, match=match):
             config_from_dict(ExperimentConfig, {"statistics": bad})

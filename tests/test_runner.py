@@ -1,5 +1,6 @@
 """The whole class-incremental loop, end to end, on small real and generated data."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -135,7 +136,7 @@ def test_changed_class_order_is_refused_by_the_manifest(tmp_path):
     run_experiment(vit_config(tmp_path, heads={"ncm": {}}), log=lambda *_: None)
     # the same output directory with a protocol whose tasks differ
     moved = vit_config(tmp_path, heads={"ncm": {}})
-    moved.protocol["initial"] = 1
+    moved.protocol = dataclasses.replace(moved.protocol, initial=1)
     with pytest.raises(ManifestMismatchError, match="differs"):
         run_experiment(moved, overwrite=True, log=lambda *_: None)
 

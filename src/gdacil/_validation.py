@@ -207,3 +207,34 @@ def check_nonnegative(value, name: str) -> float:
     if not np.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be a finite number >= 0; got {value!r}")
     return value
+
+
+def check_range(
+    value,
+    name: str,
+    *,
+    low: float = 0.0,
+    high: float = math.inf,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
+    """``value`` as a float inside ``[low, high]`` (ends excluded where ``*_open``), else a
+    ``ValueError`` naming ``name`` and the allowed interval."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok:
+        above = value > low if low_open else value >= low
+        below = value < high if high_open else value <= high
+        ok = above and below
+    if not ok:
+        left = "(" if low_open else "["
+        right = ")" if high_open or high == math.inf else "]"
+        raise ValueError(f"{name} must be a finite number in {left}{low}, {high}{right}; "
+                         f"got {value!r}")
+    return float(value)
+
+
+def check_choice(value, name: str, choices) -> str:
+    """``value`` if it is one of ``choices``, else a ``ValueError`` listing them."""
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}; known: {', '.join(map(str, choices))}")
+    return value

@@ -142,8 +142,7 @@ def _preset(name: str, *, defaults: str = "paper", **overrides) -> StrategyConfi
     fields = PRESETS[name]
     if defaults == "reference":
         fields = _merge(fields, REFERENCE_OVERRIDES.get(name, {}))
-    return StrategyConfig.from_dict(_merge({"name": name, **fields}, overrides),
-                                    where=f"strategy {name!r}")
+    return StrategyConfig.from_dict(_merge({"name": name, **fields}, overrides), where="strategy")
 
 
 #: Strategy config factories by name: ``STRATEGIES[name](defaults=..., **overrides)``.

@@ -19,15 +19,16 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from .._validation import check_range
 from ..backbones import ImagePreprocess, to_rgb
 from ..backbones.preprocess import INTERPOLATIONS
-from ._serial import SerialConfig, check_range
+from ..typed_config import TypedConfig
 
 __all__ = ["AugmentConfig", "augment_images", "crop_box"]
 
 
 @dataclass(frozen=True)
-class AugmentConfig(SerialConfig):
+class AugmentConfig(TypedConfig):
     """Random resized crop, horizontal flip and brightness jitter.
 
     Parameters

@@ -15,10 +15,10 @@ The named presets (``gdacil.adapt.STRATEGIES``) fill these in with the paper's v
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any
 
-from .._validation import check_positive_int
-from ._serial import SerialConfig, check_choice, check_range
+from .._validation import check_choice, check_positive_int, check_range
+from ..typed_config import TypedConfig
 from .augment import AugmentConfig
 from .lora import LoRAConfig
 from .loss import LOSSES
@@ -31,8 +31,15 @@ __all__ = ["PARAMS", "StrategyConfig", "TrainConfig"]
 PARAMS = ("none", "mlp", "lora")
 
 
+def _augment(value: Any, path: str) -> AugmentConfig | None:
+    """``augment`` as a config: ``True`` is the default augmentation, ``False`` none."""
+    if isinstance(value, bool):
+        return AugmentConfig() if value else None
+    return None if value is None else AugmentConfig.from_dict(value, where=path)
+
+
 @dataclass(frozen=True)
-class TrainConfig(SerialConfig):
+class TrainConfig(TypedConfig):
     """How one task is trained. Defaults: the paper's full fine-tuning recipe (SeqFT).
 
     Every task trains the backbone jointly with a temporary bias-free linear head over the
@@ -88,13 +95,9 @@ class TrainConfig(SerialConfig):
     loss: str = "sce"
     sce_lambda1: float = 0.5
     sce_lambda2: float = 0.5
-    augment: AugmentConfig | None = None
-
-    _nested: ClassVar[dict[str, type[SerialConfig]]] = {"augment": AugmentConfig}
+    augment: AugmentConfig | None = field(default=None, metadata={"parse": _augment})
 
     def __post_init__(self):
-        if isinstance(self.augment, bool):
-            object.__setattr__(self, "augment", AugmentConfig() if self.augment else None)
         self._coerce_nested()
         check_positive_int(self.steps, "steps", minimum=0)
         check_positive_int(self.batch_size, "batch_size")
@@ -111,7 +114,7 @@ class TrainConfig(SerialConfig):
 
 
 @dataclass(frozen=True)
-class StrategyConfig(SerialConfig):
+class StrategyConfig(TypedConfig):
     """A Stage-1 strategy (see the module docstring for the parts).
 
     Parameters
@@ -138,12 +141,6 @@ class StrategyConfig(SerialConfig):
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     first_task_only: bool = False
     train: TrainConfig = field(default_factory=TrainConfig)
-
-    _nested: ClassVar[dict[str, type[SerialConfig]]] = {
-        "null_space": NullSpaceConfig,
-        "lora": LoRAConfig,
-        "train": TrainConfig,
-    }
 
     def __post_init__(self):
         self._coerce_nested()

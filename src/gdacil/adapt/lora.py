@@ -26,8 +26,9 @@ from torch import nn
 
 from .._optional import require
 from .._random import isolated_global_seed
+from .._validation import check_positive_int, check_range
 from ..backbones import Backbone
-from ._serial import SerialConfig, check_range
+from ..typed_config import TypedConfig
 from .params import ROLES, block_linears
 
 __all__ = ["ADAPTER", "LoRAConfig", "attach_lora", "lora_layers", "merge_lora"]
@@ -42,7 +43,7 @@ def _peft():
 
 
 @dataclass(frozen=True)
-class LoRAConfig(SerialConfig):
+class LoRAConfig(TypedConfig):
     """LoRA adapter settings.
 
     Parameters
@@ -61,8 +62,7 @@ class LoRAConfig(SerialConfig):
     targets: tuple[str, ...] = ("attention", "mlp_in", "mlp_out")
 
     def __post_init__(self):
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
-            raise ValueError(f"lora rank must be an integer >= 1; got {self.rank!r}")
+        check_positive_int(self.rank, "lora rank")
         check_range(self.scale, "lora scale", low_open=True)
         targets = self.targets
         if isinstance(targets, str) or not isinstance(targets, (tuple, list)) or not targets:

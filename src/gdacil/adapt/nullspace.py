@@ -30,9 +30,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .._validation import check_positive_int
+from .._validation import check_positive_int, check_range
 from ..backbones import Backbone
-from ._serial import SerialConfig, check_range
+from ..typed_config import TypedConfig
 
 __all__ = [
     "NullSpaceConfig",
@@ -45,7 +45,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class NullSpaceConfig(SerialConfig):
+class NullSpaceConfig(TypedConfig):
     """NSP settings (defaults: the paper's and the reference code's).
 
     Parameters

@@ -1,32 +1,42 @@
-"""Experiment configuration: small dataclasses, loaded from YAML with errors that say what to fix."""
+"""Experiment configuration: small typed dataclasses, loaded from YAML with errors that say what
+to fix.
+
+An :class:`ExperimentConfig` is a :class:`gdacil.typed_config.TypedConfig` whose sections are
+typed configs too: ``protocol`` a :class:`~gdacil.data.ProtocolConfig`, ``strategy`` a
+:class:`StrategySpec`, ``compensators`` a mapping label -> :class:`CompensatorConfig`, ``heads``
+label -> :class:`HeadConfig`, and so on. :func:`load_config` reads YAML, applies ``--set``
+overrides (any dotted key, e.g. ``protocol.increment=5``, ``strategy.train.lr=0.001``,
+``compensators.hopdc.topk=100``) and validates the whole; :meth:`ExperimentConfig.to_dict` is
+what a run records in ``results.json``, and :meth:`ExperimentConfig.from_dict` reads it back.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import types
-import typing
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import ClassVar, cast
+
+from .._validation import check_choice, check_positive_int
+from ..data.protocol import ProtocolConfig
+from ..typed_config import ConfigError, TypedConfig
 
 __all__ = [
     "REPORTING_KEYS",
     "AnchorConfig",
     "BackboneConfig",
+    "CompensatorConfig",
     "ConfigError",
     "ExperimentConfig",
     "HeadConfig",
+    "ProtocolConfig",
     "StatisticsConfig",
+    "StrategySpec",
     "apply_overrides",
     "check_output_name",
     "config_from_dict",
     "load_config",
 ]
-
-
-class ConfigError(ValueError):
-    """A configuration file or override is invalid; the message names the key and the fix."""
 
 
 #: Settings of :class:`ExperimentConfig` that change where a run writes and how it reports its
@@ -54,7 +64,7 @@ def check_output_name(name) -> str:
 
 
 @dataclass
-class BackboneConfig:
+class BackboneConfig(TypedConfig):
     """Which backbone extracts features; ``options`` go to its factory."""
 
     name: str = "minilm"
@@ -77,7 +87,7 @@ class BackboneConfig:
 
 
 @dataclass
-class HeadConfig:
+class HeadConfig(TypedConfig):
     """One head to build after every task: a registered ``name`` and its parameters.
 
     A streaming head (``gdacil.heads.STREAMING_HEADS``: ``ranpac``, ``acil``, ``rbf_lda``) is not
@@ -103,7 +113,7 @@ class HeadConfig:
 
 
 @dataclass
-class AnchorConfig:
+class AnchorConfig(TypedConfig):
     """Unlabelled anchors for drift compensation: ``n`` drawn with ``seed``, plus the current
     task's training samples when ``include_current`` (the paper's choice).
 
@@ -137,7 +147,7 @@ class AnchorConfig:
 
 
 @dataclass
-class StatisticsConfig:
+class StatisticsConfig(TypedConfig):
     """How each track stores its class statistics.
 
     ``storage: dense`` keeps a float64 ``d x d`` covariance per class (:class:`gdacil.ClassGaussians`).
@@ -154,15 +164,10 @@ class StatisticsConfig:
     decomposition: str = "eigh"
 
     def __post_init__(self):
-        if self.storage not in ("dense", "lowrank"):
-            raise ConfigError(f"statistics.storage must be 'dense' or 'lowrank'; got {self.storage!r}")
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
-            raise ConfigError(f"statistics.rank must be a positive integer; got {self.rank!r}")
-        if self.dtype not in ("float32", "float64"):
-            raise ConfigError(f"statistics.dtype must be 'float32' or 'float64'; got {self.dtype!r}")
-        if self.decomposition not in ("eigh", "randomized"):
-            raise ConfigError("statistics.decomposition must be 'eigh' or 'randomized'; got "
-                              f"{self.decomposition!r}")
+        check_choice(self.storage, "storage", ("dense", "lowrank"))
+        check_positive_int(self.rank, "rank")
+        check_choice(self.dtype, "dtype", ("float32", "float64"))
+        check_choice(self.decomposition, "decomposition", ("eigh", "randomized"))
 
     def empty(self, dim: int, ddof: int):
         """Empty statistics of this storage for features of dimension ``dim``."""
@@ -178,23 +183,132 @@ class StatisticsConfig:
 
 
 @dataclass
-class ExperimentConfig:
-    """A whole class-incremental experiment."""
+class StrategySpec(TypedConfig):
+    """The Stage-1 strategy of an experiment, written flat in a config:
+    ``strategy: {name: seqft, defaults: reference, train: {steps: 300}}``.
+
+    Parameters
+    ----------
+    name : str
+        A preset of :data:`gdacil.adapt.STRATEGIES` (``gdacil list strategies``).
+    defaults : {"paper", "reference"}, optional
+        The hyperparameters the preset starts from (None: ``"paper"``).
+    overrides : dict
+        :class:`gdacil.adapt.StrategyConfig` fields that replace the preset's: every key of the
+        section but ``name`` and ``defaults``; nested ones (``train``, ``lora``, ``null_space``)
+        update the preset's key by key. Checked when the strategy is built (:meth:`build`).
+    """
+
+    name: str
+    defaults: str | None = None
+    overrides: dict = field(default_factory=dict)
+
+    _rest: ClassVar[str | None] = "overrides"
+
+    def build(self):
+        """The :class:`gdacil.adapt.Strategy`."""
+        from ..adapt import build_strategy
+
+        return build_strategy(self.name, defaults=self.defaults or "paper", **self.overrides)
+
+
+@dataclass
+class CompensatorConfig(TypedConfig):
+    """One compensator track of an experiment, written flat in a config:
+    ``hopdc: {name: hopdc, defaults: paper, topk: 100, anchors: 256}``.
+
+    Parameters
+    ----------
+    name : str
+        A key of :data:`gdacil.drift.COMPENSATORS` (``gdacil list compensators``).
+    defaults : str, optional
+        The preset the hyperparameters start from (None: ``"recommended"``; ``"paper"`` for
+        HopDC and alpha1-SLDC as the paper ran them).
+    anchors : int, optional
+        How many of the run's external anchors the track fits on (None: all of them).
+    params : dict
+        Hyperparameters that replace the preset's: every key of the track but ``name``,
+        ``defaults`` and ``anchors``. Checked when the compensator is built (:meth:`build`).
+    """
+
+    name: str
+    defaults: str | None = None
+    anchors: int | None = None
+    params: dict = field(default_factory=dict)
+
+    _rest: ClassVar[str | None] = "params"
+
+    def build(self):
+        """A new, unfitted :class:`gdacil.drift.Compensator`."""
+        from ..drift import build_compensator
+
+        return build_compensator(self.name, defaults=self.defaults or "recommended",
+                                 **self.params)
+
+
+def _check_head_params(head: HeadConfig, where: str) -> None:
+    """Refuse an unknown head, parameters its constructor does not take, and values it refuses."""
+    import inspect
+
+    from ..heads import head_class
+
+    try:
+        cls = head_class(head.name)
+    except ValueError as exc:
+        raise ConfigError(str(exc), path=where) from None
+    accepted = set(inspect.signature(cls.__init__).parameters) - {"self"}
+    unknown = sorted(set(head.params) - accepted)
+    if unknown:
+        raise ConfigError(f"head {head.name!r} has no parameter(s) {unknown}; "
+                          f"it takes {sorted(accepted)}", path=where)
+    try:
+        head.build()._check_params()  # the checks fit runs, here before any feature is extracted
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"head {head.name!r}: {exc}", path=where) from None
+
+
+def _heads(value, where: str) -> dict[str, HeadConfig]:
+    """``heads`` maps a label to ``{name: ..., params: {...}}`` or, briefly, to the params of the
+    head registered under the label itself (``lda: {shrinkage: 0.1}``); a list names heads
+    with their default parameters. :class:`HeadConfig` instances are kept as they are."""
+    if isinstance(value, list):
+        value = {name: {} for name in value}
+    if not isinstance(value, dict) or not value:
+        raise ConfigError("expected a non-empty mapping label -> head settings", path=where)
+    out = {}
+    for label, spec in value.items():
+        path = f"{where}.{label}"
+        if isinstance(spec, HeadConfig):
+            out[str(label)] = spec
+            continue
+        spec = {} if spec is None else spec
+        if not isinstance(spec, dict):
+            raise ConfigError(f"expected a mapping, got {spec!r}", path=path)
+        if "name" in spec or "params" in spec:
+            head = HeadConfig.from_dict(spec, where=path)
+        else:
+            head = HeadConfig(name=str(label), params=dict(spec))
+        _check_head_params(head, path)
+        out[str(label)] = head
+    return out
+
+
+@dataclass
+class ExperimentConfig(TypedConfig):
+    """A whole class-incremental experiment (see the module docstring)."""
 
     name: str = "experiment"
     seeds: list = field(default_factory=lambda: [1993])
-    # the fields of gdacil.data.Protocol, less the seed (which comes from ``seeds``)
-    protocol: dict = field(default_factory=lambda: {"datasets": ["wordnet-hypernym"],
-                                                    "increment": 10})
+    # the run seed of each protocol comes from ``seeds``
+    protocol: ProtocolConfig = field(
+        default_factory=lambda: ProtocolConfig(("wordnet-hypernym",), increment=10))
     backbone: BackboneConfig = field(default_factory=BackboneConfig)
-    heads: dict = field(default_factory=lambda: {"lr_rgda": HeadConfig()})
-    # Stage-1 strategy: {"name": ..., "defaults": "paper" | "reference", **overrides}
-    strategy: dict = field(default_factory=lambda: {"name": "frozen"})
-    # one track of class statistics per compensator: label -> {"name": ..., **hyperparameters},
-    # optionally "defaults": the preset they start from ("recommended" when absent; "paper" for
-    # HopDC and alpha1-SLDC as the paper ran them), and "anchors": how many of the run's
-    # external anchors the track uses
-    compensators: dict = field(default_factory=lambda: {"none": {"name": "identity"}})
+    heads: dict[str, HeadConfig] = field(default_factory=lambda: {"lr_rgda": HeadConfig()},
+                                         metadata={"parse": _heads})
+    strategy: StrategySpec = field(default_factory=lambda: StrategySpec("frozen"))
+    # one track of class statistics per compensator
+    compensators: dict[str, CompensatorConfig] = field(
+        default_factory=lambda: {"none": CompensatorConfig("identity")})
     anchors: AnchorConfig = field(default_factory=AnchorConfig)
     drift_diagnostics: bool = False  # compare each track with recomputed (oracle) statistics
     # how tracks store class statistics: dense covariances or compressed top eigenpairs
@@ -207,12 +321,10 @@ class ExperimentConfig:
     # TensorBoard scalars under <output_dir>/tensorboard/ (gdacil.callbacks.TensorBoardLogger)
     tensorboard: bool = False
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
     def __post_init__(self):
         """Validate everything before any work starts; one :class:`ConfigError` lists every
         problem found."""
+        self._coerce_nested()
         problems = []
         for where, check in self._checks():
             try:
@@ -232,9 +344,6 @@ class ExperimentConfig:
         yield "seeds", self._check_seeds
         yield "", lambda: _require(self.ddof in (0, 1), f"ddof must be 0 or 1; got {self.ddof!r}")
         yield "", lambda: _require(bool(self.heads), "heads: configure at least one head")
-        yield "", lambda: _require("seed" not in self.protocol,
-                                   "protocol.seed: set the run seeds with the top-level `seeds` list")
-        yield "protocol", lambda: self.build_protocol(self._first_seed())
         yield "strategy", self.build_strategy
         yield "", lambda: _require(bool(self.compensators), "compensators: configure at least one "
                                                              "(e.g. none: {name: identity})")
@@ -255,15 +364,14 @@ class ExperimentConfig:
         from ..data import ANCHOR_POOLS, DATASETS
 
         a = self.anchors
-        if a.pool not in ANCHOR_POOLS:
-            raise ValueError(f"unknown pool {a.pool!r}; known: {', '.join(ANCHOR_POOLS)}")
+        check_choice(a.pool, "pool", ANCHOR_POOLS)
         if a.dataset is None:
             if a.dataset_options or a.splits is not None:
                 raise ValueError("dataset_options and splits describe an external anchor "
                                  "dataset: set anchors.dataset too")
             return
         DATASETS[a.dataset]  # an unknown name lists the known ones
-        if a.dataset in self.protocol.get("datasets", ()):
+        if a.dataset in self.protocol.datasets:
             raise ValueError(f"{a.dataset!r} is one of the protocol's datasets; draw its anchors "
                              "with anchors.pool (outside, unused, both) instead")
         if a.pool != "outside":
@@ -280,10 +388,6 @@ class ExperimentConfig:
         if repeated:
             raise ValueError(f"seed(s) {repeated} appear more than once")
 
-    def _first_seed(self) -> int:
-        seed = self.seeds[0] if self.seeds else 0
-        return seed if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0 else 0
-
     def _check_threads(self) -> None:
         limit = 4 * (os.cpu_count() or 1)
         if self.threads is not None and (isinstance(self.threads, bool)
@@ -296,30 +400,19 @@ class ExperimentConfig:
         from ..backbones.base import PRECISIONS
 
         precision = self.backbone.precision
-        if precision not in PRECISIONS:
-            raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
-        if precision == "fp16" and self.strategy.get("name", "frozen") != "frozen":
+        check_choice(precision, "precision", PRECISIONS)
+        if precision == "fp16" and self.strategy.name != "frozen":
             raise ValueError("fp16 cannot train the backbone (no loss scaling): use bf16 with "
-                             f"strategy {self.strategy.get('name')!r}, or fp16 with frozen")
+                             f"strategy {self.strategy.name!r}, or fp16 with frozen")
 
     def build_strategy(self):
         """The Stage-1 :class:`gdacil.adapt.Strategy` of this experiment."""
-        from ..adapt import build_strategy
-
-        spec = dict(self.strategy)
-        if "name" not in spec:
-            raise ValueError("give the strategy a name (gdacil list strategies)")
-        return build_strategy(spec.pop("name"), defaults=spec.pop("defaults", "paper"), **spec)
+        return self.strategy.build()
 
     def build_compensator(self, label: str):
         """The compensator of track ``label``."""
-        from ..drift import build_compensator
-
-        spec = self.compensators[label]
-        if not isinstance(spec, dict) or "name" not in spec:
-            raise ValueError("expected a mapping with a 'name' (gdacil list compensators)")
         self.track_anchors(label)
-        return build_compensator({k: v for k, v in spec.items() if k != "anchors"})
+        return self.compensators[label].build()
 
     def track_anchors(self, label: str) -> int | None:
         """How many of the run's external anchors track ``label`` fits on (None: all of them).
@@ -328,19 +421,15 @@ class ExperimentConfig:
         the run (see :func:`gdacil.cil.runner.anchor_subset`), so one run can sweep the
         auxiliary-set size; the current task's samples are added as for every track.
         """
-        n = self.compensators[label].get("anchors")
-        if n is None:
-            return None
-        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= self.anchors.n:
+        n = self.compensators[label].anchors
+        if n is not None and not 0 <= n <= self.anchors.n:
             raise ValueError(f"anchors must be an integer from 0 to anchors.n = {self.anchors.n}; "
                              f"got {n!r}")
         return n
 
     def build_protocol(self, seed: int):
         """The :class:`gdacil.data.Protocol` of this experiment for run seed ``seed``."""
-        from ..data import Protocol
-
-        return Protocol.from_dict({**self.protocol, "seed": seed})
+        return self.protocol.with_seed(seed)
 
 
 def torch_device_type(device) -> str:
@@ -355,100 +444,10 @@ def _require(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-# ---------------------------------------------------------------------- parsing
-def _type_ok(value, annotation) -> bool:
-    origin = typing.get_origin(annotation)
-    if annotation is Any:
-        return True
-    if origin in (typing.Union, types.UnionType):
-        return any(_type_ok(value, a) for a in typing.get_args(annotation))
-    if annotation is type(None):
-        return value is None
-    if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    base = origin or annotation
-    return isinstance(value, base)
-
-
-def _type_name(annotation) -> str:
-    names = {dict: "a mapping", list: "a list", int: "an integer", float: "a number",
-             str: "a string", bool: "true or false"}
-    if annotation in names:
-        return names[annotation]
-    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
-
-
 def config_from_dict(cls, data, where: str = ""):
-    """Build dataclass ``cls`` from a mapping, refusing unknown keys and values of the wrong type."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ConfigError(f"{where or 'config'}: unknown key(s) {unknown}; known keys: {sorted(known)}")
-    kwargs = {}
-    for key, value in data.items():
-        path = f"{where}.{key}" if where else key
-        hint = hints[key]
-        if dataclasses.is_dataclass(hint):
-            kwargs[key] = config_from_dict(hint, value, path)
-        elif cls is ExperimentConfig and key == "heads":
-            kwargs[key] = _heads(value, path)
-        else:
-            if not _type_ok(value, hint):
-                raise ConfigError(f"{path}: expected {_type_name(hint)}, got {value!r}")
-            kwargs[key] = value
-    try:
-        return cls(**kwargs)
-    except ConfigError:
-        raise
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where or 'config'}: {exc}") from None
-
-
-def _heads(value, where: str) -> dict:
-    """``heads`` maps a label to ``{name: ..., params: {...}}`` or, briefly, to the params of the
-    head registered under the label itself (``lda: {shrinkage: 0.1}``)."""
-    if isinstance(value, list):
-        value = {name: {} for name in value}
-    if not isinstance(value, dict) or not value:
-        raise ConfigError(f"{where}: expected a non-empty mapping label -> head settings")
-    out = {}
-    for label, spec in value.items():
-        spec = {} if spec is None else spec
-        if not isinstance(spec, dict):
-            raise ConfigError(f"{where}.{label}: expected a mapping, got {spec!r}")
-        if "name" in spec or "params" in spec:
-            head = config_from_dict(HeadConfig, spec, f"{where}.{label}")
-        else:
-            head = HeadConfig(name=label, params=dict(spec))
-        _check_head_params(head, f"{where}.{label}")
-        out[str(label)] = head
-    return out
-
-
-def _check_head_params(head: HeadConfig, where: str) -> None:
-    """Refuse an unknown head, parameters its constructor does not take, and values it refuses."""
-    import inspect
-
-    from ..heads import head_class
-
-    try:
-        cls = head_class(head.name)
-    except ValueError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-    accepted = set(inspect.signature(cls.__init__).parameters) - {"self"}
-    unknown = sorted(set(head.params) - accepted)
-    if unknown:
-        raise ConfigError(f"{where}: head {head.name!r} has no parameter(s) {unknown}; "
-                          f"it takes {sorted(accepted)}")
-    try:
-        head.build()._check_params()  # the checks fit runs, here before any feature is extracted
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: head {head.name!r}: {exc}") from None
+    """``cls.from_dict(data, where=where)``: build config dataclass ``cls`` from a mapping,
+    refusing unknown keys and values of the wrong type (see :mod:`gdacil.typed_config`)."""
+    return cls.from_dict(data, where=where)
 
 
 def _yaml():
@@ -507,6 +506,6 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
             raise ConfigError(f"{path}: the top level must be a mapping of settings")
         data.update(loaded)
     data = apply_overrides(data, overrides or [])
-    cfg = config_from_dict(ExperimentConfig, data)
-    cfg.overrides = tuple(overrides or ())
+    cfg = ExperimentConfig.from_dict(data)
+    cfg.overrides = tuple(overrides or ())  # type: ignore[attr-defined]  # not a field
     return cfg

@@ -19,9 +19,8 @@ def preflight(cfg: ExperimentConfig) -> list[str]:
     from .runner import build_feature_backbone
 
     problems = []
-    options = cfg.protocol.get("dataset_options", {})
-    datasets = cfg.protocol.get("datasets", [])
-    for name in [datasets] if isinstance(datasets, str) else datasets:
+    options = cfg.protocol.dataset_options
+    for name in cfg.protocol.datasets:
         try:
             dataset = build_dataset(name, **options.get(name, {}))
             for split in dataset.splits:
@@ -31,7 +30,7 @@ def preflight(cfg: ExperimentConfig) -> list[str]:
             problems.append(f"dataset {name!r}: {exc}" + ("" if hint in str(exc) else
                             f" (set its folder with {hint}PATH)"))
     if cfg.anchors.dataset is not None and any(
-            c.get("name") != "identity" for c in cfg.compensators.values()):
+            c.name != "identity" for c in cfg.compensators.values()):
         try:
             cfg.anchors.build_external()
         except (OSError, ValueError, ImportError) as exc:

@@ -96,7 +96,7 @@ def result_label(track: str, head: str, n_tracks: int) -> str:
 def streaming_track(cfg: ExperimentConfig) -> str:
     """The track streaming heads are reported on: the first ``identity`` compensator's label, or
     ``"none"`` without one (``result_label`` drops it when there is a single track)."""
-    return next((label for label, spec in cfg.compensators.items() if spec["name"] == "identity"),
+    return next((label for label, spec in cfg.compensators.items() if spec.name == "identity"),
                 "none")
 
 

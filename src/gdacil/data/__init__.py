@@ -36,7 +36,14 @@ from .cifar import CIFAR100, read_cifar_pickle
 from .fashion_mnist import FashionMNIST
 from .image_folder import IMAGE_FOLDER_PRESETS, ImageFolder
 from .openclipart import Openclipart
-from .protocol import ManifestMismatchError, Protocol, Task, TaskSequence, split_id
+from .protocol import (
+    ManifestMismatchError,
+    Protocol,
+    ProtocolConfig,
+    Task,
+    TaskSequence,
+    split_id,
+)
 from .wordnet import WordNetHypernyms, WordNetSupersenses, read_wordnet
 
 __all__ = [
@@ -54,6 +61,7 @@ __all__ = [
     "ManifestMismatchError",
     "Openclipart",
     "Protocol",
+    "ProtocolConfig",
     "SampleIndex",
     "Task",
     "TaskSequence",

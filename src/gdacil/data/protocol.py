@@ -42,17 +42,21 @@ import json
 import os
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import KW_ONLY, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
 
+from .._validation import check_positive_int, check_range
 from ..hashing import sha256_json, sha256_strings
 from ..io import atomic_write_text
 from ..registry import UnknownNameError
+from ..typed_config import ConfigError, TypedConfig
 from .base import Dataset, SampleIndex
 
-__all__ = ["ManifestMismatchError", "Protocol", "Task", "TaskSequence", "split_id"]
+__all__ = [
+    "ManifestMismatchError", "Protocol", "ProtocolConfig", "Task", "TaskSequence", "split_id"
+]
 
 MANIFEST_FORMAT = "gdacil.protocol-manifest/2"
 #: Manifests written before sample contents were hashed: accepted, then upgraded in place.
@@ -76,15 +80,14 @@ def split_id(sample_id: str) -> tuple[str, str]:
 
 
 @dataclass(frozen=True)
-class Protocol:
-    """A class-incremental protocol.
+class ProtocolConfig(TypedConfig):
+    """A class-incremental protocol less its run seed: the ``protocol`` section of an
+    experiment config. :meth:`with_seed` makes it a :class:`Protocol`.
 
     Parameters
     ----------
     datasets : tuple of str
         Dataset registry names (one for within-domain; several for cross-domain).
-    seed : int
-        Run seed: class order (within-domain) and per-class sampling.
     initial : int, optional
         Classes in the first task (default ``increment``). Within-domain only.
     increment : int
@@ -102,7 +105,7 @@ class Protocol:
     """
 
     datasets: tuple[str, ...]
-    seed: int = 1993
+    _: KW_ONLY
     initial: int | None = None
     increment: int = 10
     train_cap: int | None = None
@@ -110,7 +113,7 @@ class Protocol:
     cross_domain: bool = False
     split_seed: int = 42
     test_fraction: float = 0.3
-    dataset_options: Mapping[str, Mapping] = field(default_factory=dict)
+    dataset_options: dict = field(default_factory=dict)
 
     def __post_init__(self):
         names = (self.datasets,) if isinstance(self.datasets, str) else tuple(self.datasets)
@@ -140,25 +143,36 @@ class Protocol:
             self, "dataset_options", {k: dict(v) for k, v in dict(self.dataset_options).items()}
         )
         for attr in ("increment", "initial", "train_cap", "test_cap"):
-            v = getattr(self, attr)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise ValueError(f"{attr} must be a positive integer or None; got {v!r}")
-        if not 0.0 < self.test_fraction < 1.0:
-            raise ValueError(f"test_fraction must be in (0, 1); got {self.test_fraction!r}")
-
-    def to_dict(self) -> dict:
-        """JSON-able form; :meth:`from_dict` inverts it."""
-        d = asdict(self)
-        d["datasets"] = list(self.datasets)
-        return d
+            if attr == "increment" or getattr(self, attr) is not None:
+                check_positive_int(getattr(self, attr), attr)
+        check_range(self.test_fraction, "test_fraction", high=1.0, low_open=True, high_open=True)
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> Protocol:
-        known = {f.name for f in fields(cls)}
-        extra = sorted(set(d) - known)
-        if extra:
-            raise ValueError(f"unknown protocol fields {extra}; known: {sorted(known)}")
-        return cls(**d)
+    def from_dict(cls, data, *, where: str = ""):
+        """As :meth:`TypedConfig.from_dict`; a ``seed`` in an experiment's protocol section is
+        refused with a pointer to the experiment's ``seeds``."""
+        if cls is ProtocolConfig and isinstance(data, Mapping) and "seed" in data:
+            raise ConfigError("the run seeds are the top-level `seeds` list of the experiment",
+                              path=f"{where}.seed" if where else "seed")
+        return super().from_dict(data, where=where)
+
+    def with_seed(self, seed: int) -> Protocol:
+        """The :class:`Protocol` of this configuration for run seed ``seed``."""
+        settings = {f.name: getattr(self, f.name) for f in fields(ProtocolConfig)}
+        return Protocol(**settings, seed=seed)
+
+
+@dataclass(frozen=True)
+class Protocol(ProtocolConfig):
+    """A class-incremental protocol: a :class:`ProtocolConfig` (see there for the parameters)
+    and the run ``seed`` (default 1993), which draws the class order (within-domain) and the
+    per-class samples. ``Protocol(datasets, seed, *, initial=..., ...)``."""
+
+    seed: int = 1993
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_positive_int(self.seed, "seed", minimum=0)
 
     def identity(self) -> dict:
         """:meth:`to_dict` without storage locations (``root`` options): what defines the split."""

@@ -10,11 +10,13 @@ field               what
                     ``backbone_options`` for its factory
 ``head``            a head built from class statistics (:data:`gdacil.heads.HEADS`; default the
                     experiments' default, ``lr_rgda``), with ``head_params``
-``strategy``        the Stage-1 strategy, ``{"name": ..., **overrides}`` (default ``frozen``)
-``compensator``     moves old classes' statistics after the strategy trains the backbone
-                    (default ``hopdc``, gdacil's recommended preset); unused while frozen
-``statistics``      :class:`~gdacil.cil.config.StatisticsConfig` fields (default: dense
-                    :class:`~gdacil.ClassGaussians`)
+``strategy``        the Stage-1 strategy, a :class:`~gdacil.cil.config.StrategySpec` (a name,
+                    or ``{"name": ..., **overrides}``; default ``frozen``)
+``compensator``     moves old classes' statistics after the strategy trains the backbone, a
+                    :class:`~gdacil.cil.config.CompensatorConfig` (a name or a mapping; default
+                    ``hopdc``, gdacil's recommended preset); unused while frozen
+``statistics``      a :class:`~gdacil.cil.config.StatisticsConfig` (``"dense"``, ``"lowrank"``
+                    or its fields; default: dense :class:`~gdacil.ClassGaussians`)
 ``anchors``         raw samples kept (a seeded reservoir) to fit the compensator; only kept
                     when the strategy trains the backbone on later tasks
 ==================  ==============================================================================
@@ -22,17 +24,19 @@ field               what
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
 
+from .._validation import check_positive_int
 from ..cil.config import (
     BackboneConfig,
+    CompensatorConfig,
     ConfigError,
     HeadConfig,
     StatisticsConfig,
+    StrategySpec,
     _check_head_params,
 )
+from ..typed_config import TypedConfig
 
 __all__ = ["LearnerConfig"]
 
@@ -40,17 +44,21 @@ _DEFAULT_BACKBONE = BackboneConfig().name
 _DEFAULT_HEAD = HeadConfig().name
 
 
-def _spec(value, what: str) -> dict:
-    """``{"name": value}`` for a name, a copy of a mapping with a ``name``."""
-    if isinstance(value, str):
-        return {"name": value}
-    if isinstance(value, dict) and isinstance(value.get("name"), str):
-        return dict(value)
-    raise ConfigError(f"{what}: expected a registry name or a mapping with a 'name'; got {value!r}")
+def _named(cls: type[TypedConfig]):
+    """A field parser that also takes a bare registry name for ``{"name": name}``."""
+    def parse(value, path: str):
+        return cls.from_dict({"name": value} if isinstance(value, str) else value, where=path)
+    return parse
+
+
+def _statistics(value, path: str) -> StatisticsConfig:
+    """``"dense"`` or ``"lowrank"`` for ``{"storage": value}``, else the config's fields."""
+    return StatisticsConfig.from_dict({"storage": value} if isinstance(value, str) else value,
+                                      where=path)
 
 
 @dataclass
-class LearnerConfig:
+class LearnerConfig(TypedConfig):
     """The parts of a learner and their settings (see the module docstring).
 
     Parameters
@@ -64,11 +72,11 @@ class LearnerConfig:
         cannot forget classes and are refused.
     head_params : dict
         The head's constructor arguments.
-    strategy : str or dict
+    strategy : StrategySpec, str or dict
         Stage-1 strategy name, or ``{"name": ..., "defaults": ..., **overrides}``.
-    compensator : str or dict
+    compensator : CompensatorConfig, str or dict
         Compensator name, or ``{"name": ..., "defaults": ..., **hyperparameters}``.
-    statistics : str or dict
+    statistics : StatisticsConfig, str or dict
         ``"dense"``, ``"lowrank"``, or :class:`~gdacil.cil.config.StatisticsConfig` fields.
     anchors : int
         Size of the anchor reservoir (the paper fits HopDC on 1024 anchors).
@@ -90,9 +98,12 @@ class LearnerConfig:
     backbone_options: dict = field(default_factory=dict)
     head: str = _DEFAULT_HEAD
     head_params: dict = field(default_factory=dict)
-    strategy: dict = field(default_factory=lambda: {"name": "frozen"})
-    compensator: dict = field(default_factory=lambda: {"name": "hopdc"})
-    statistics: dict = field(default_factory=dict)
+    strategy: StrategySpec = field(default_factory=lambda: StrategySpec("frozen"),
+                                   metadata={"parse": _named(StrategySpec)})
+    compensator: CompensatorConfig = field(default_factory=lambda: CompensatorConfig("hopdc"),
+                                           metadata={"parse": _named(CompensatorConfig)})
+    statistics: StatisticsConfig = field(default_factory=StatisticsConfig,
+                                         metadata={"parse": _statistics})
     anchors: int = 1024
     include_current: bool = True
     seed: int = 0
@@ -101,9 +112,10 @@ class LearnerConfig:
     store_backbone: bool = False
 
     def __post_init__(self):
+        self._coerce_nested()
         problems = []
-        for check in (self._check_backbone, self._check_head, self._check_strategy,
-                      self._check_compensator, self._check_statistics, self._check_numbers):
+        for check in (self._check_backbone, self._check_head, self.build_strategy,
+                      self._check_compensator, self._check_numbers):
             try:
                 check()
             except (ConfigError, TypeError, ValueError, KeyError) as exc:
@@ -134,30 +146,18 @@ class LearnerConfig:
                               "them with a compensator; choose one of gdacil.heads.HEADS "
                               "(ncm, lda, qda, rgda, lr_rgda, sgd, fecam)")
 
-    def _check_strategy(self) -> None:
-        self.strategy = _spec(self.strategy, "strategy")
-        self.build_strategy()
-
     def _check_compensator(self) -> None:
-        self.compensator = _spec(self.compensator, "compensator")
+        if self.compensator.anchors is not None:
+            raise ConfigError("compensator.anchors: a learner's compensator fits on its anchor "
+                              "reservoir; set its size with `anchors`")
         try:
             self.build_compensator()._check_params()
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"compensator: {exc}") from None
 
-    def _check_statistics(self) -> None:
-        if isinstance(self.statistics, str):
-            self.statistics = {"storage": self.statistics}
-        if not isinstance(self.statistics, dict):
-            raise ConfigError(f"statistics: expected 'dense', 'lowrank' or a mapping; got "
-                              f"{self.statistics!r}")
-        self.statistics_config()
-
     def _check_numbers(self) -> None:
         for name, low in (("anchors", 0), ("seed", 0), ("batch_size", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"{name}: expected an integer >= {low}; got {value!r}")
+            check_positive_int(getattr(self, name), name, minimum=low)
         if self.ddof not in (0, 1) or isinstance(self.ddof, bool):
             raise ConfigError(f"ddof: expected 0 or 1; got {self.ddof!r}")
         for name in ("include_current", "store_backbone"):
@@ -176,21 +176,10 @@ class LearnerConfig:
 
     def build_strategy(self):
         """The Stage-1 :class:`gdacil.adapt.Strategy` (as experiment configs build it)."""
-        from ..adapt import build_strategy
-
-        spec = dict(self.strategy)
-        return build_strategy(spec.pop("name"), defaults=spec.pop("defaults", "paper"), **spec)
+        return self.strategy.build()
 
     def build_compensator(self):
-        from ..drift import build_compensator
-
-        return build_compensator(dict(self.compensator))
-
-    def statistics_config(self) -> StatisticsConfig:
-        try:
-            return StatisticsConfig(**self.statistics)
-        except TypeError as exc:
-            raise ConfigError(f"statistics: {exc}") from None
+        return self.compensator.build()
 
     def build_backbone(self, device=None):
         """The backbone, on ``device`` when given (else as ``backbone_options`` say)."""
@@ -200,18 +189,3 @@ class LearnerConfig:
         if device is not None:
             options["device"] = device
         return build_backbone(self.backbone, **options)
-
-    # ------------------------------------------------------------------ JSON
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> LearnerConfig:
-        """The config of :meth:`to_dict`; unknown keys are refused with a :class:`ConfigError`."""
-        if not isinstance(data, dict):
-            raise ConfigError(f"a learner config is a mapping; got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown learner setting(s) {unknown}; known: {sorted(known)}")
-        return cls(**data)

@@ -182,7 +182,7 @@ class Learner:
         strategy = config.build_strategy()
         self._strategy = strategy if strategy.config.params != "none" else None
         keep = (self._strategy is not None and self._strategy.trains_on(1)
-                and config.compensator["name"] != "identity")
+                and config.compensator.name != "identity")
         self._reservoir = AnchorReservoir(config.anchors if keep else 0)
         self._history: list[dict] = []
         self._pending: list[dict] = []
@@ -196,7 +196,7 @@ class Learner:
 
     def __repr__(self) -> str:
         return (f"Learner(backbone={self.config.backbone!r}, head={self.config.head!r}, "
-                f"strategy={self.config.strategy['name']!r}, classes={len(self._ids)})")
+                f"strategy={self.config.strategy.name!r}, classes={len(self._ids)})")
 
     # ------------------------------------------------------------------ views
     @property
@@ -324,14 +324,14 @@ class Learner:
         fresh = [n for n in learned if n not in ids]
         ids.update({n: self._next_id + k for k, n in enumerate(fresh)})
         updated = [n for n in learned if n not in fresh]
-        if updated and self.config.statistics_config().storage != "dense":
+        if updated and self.config.statistics.storage != "dense":
             raise ValueError(f"this model keeps low-rank statistics, which cannot take new "
                              f"samples of classes they hold ({', '.join(updated[:5])}); learn "
                              "only new classes, or use dense statistics")
         y = torch.tensor([ids[n] for n in samples.labels], dtype=torch.int64)
         old = self._stats.classes if self._stats is not None else []
         trains = self._strategy is not None and self._strategy.trains_on(t)
-        compensate = trains and bool(old) and self.config.compensator["name"] != "identity"
+        compensate = trains and bool(old) and self.config.compensator.name != "identity"
         snapshot = self._snapshot() if trains else None
         try:
             stats, head, reservoir = self._learn_task(t, samples, load, y, old, trains,
@@ -340,7 +340,7 @@ class Learner:
             if snapshot is not None:
                 self._restore(snapshot)
             if isinstance(exc, NotImplementedError):
-                raise ValueError(f"strategy {self.config.strategy['name']!r} cannot train the "
+                raise ValueError(f"strategy {self.config.strategy.name!r} cannot train the "
                                  f"backbone {self.config.backbone!r}: {exc}") from None
             raise
         self._set_statistics(stats)
@@ -373,7 +373,7 @@ class Learner:
             self._strategy.adapt_task(bb, t, LazySamples(samples.keys, load),
                                       y.numpy(), generator=task_seed(cfg.seed, t, _ADAPT))
         X = self._features_of(samples, load, progress)
-        storage = cfg.statistics_config()
+        storage = cfg.statistics
         new = ClassGaussians(bb.dim, ddof=cfg.ddof).update(X, y)
         if storage.storage != "dense":  # compress the new classes once
             new = storage.empty(bb.dim, cfg.ddof).merge(new)
@@ -510,9 +510,9 @@ class Learner:
                          **({"modality": self._record["modality"], "dim": self._record["dim"]}
                             if self._record else {})},
             "head": {"name": cfg.head, "params": cfg.head_params},
-            "strategy": cfg.strategy,
-            "compensator": cfg.compensator if self._strategy is not None else None,
-            "statistics": cfg.statistics_config().storage,
+            "strategy": cfg.strategy.to_dict(),
+            "compensator": cfg.compensator.to_dict() if self._strategy is not None else None,
+            "statistics": cfg.statistics.storage,
             "learns": self._steps,
             "samples": sum(counts.values()),
             "anchors": {"kept": len(self._reservoir), "size": self._reservoir.size},
@@ -599,7 +599,7 @@ class Learner:
         def unchanged(c: int) -> bool:
             return stats is None or self._saved.get(c) == stats.revision(c)
 
-        if self.config.statistics_config().storage != "dense":
+        if self.config.statistics.storage != "dense":
             if not (continues and all(map(unchanged, self._order))
                     and writer.link("statistics.safetensors")):
                 loaded = cast(ClassStatistics, self._loaded_statistics())  # classes are held
