@@ -105,7 +105,7 @@ def test_offline_backbones_missing_package_names_the_extra(monkeypatch, name, mo
 @needs_transformers
 def test_tiny_vit_nonaffine_features_are_standardised_and_deterministic():
     before = torch.random.get_rng_state()
-    bb = build_backbone("vit", config=TINY_VIT, init_seed=3)
+    bb = build_backbone("vit", config=TINY_VIT, seed=3)
     assert torch.equal(before, torch.random.get_rng_state()), "global RNG was touched"
     images = random_images(5)
     f = bb.extract(images)
@@ -116,10 +116,10 @@ def test_tiny_vit_nonaffine_features_are_standardised_and_deterministic():
     norm = bb.model.get_submodule("layernorm")
     assert not norm.elementwise_affine and not list(norm.parameters())
     assert torch.equal(f, bb.extract(images, batch_size=2))
-    twin = build_backbone("vit", config=TINY_VIT, init_seed=3)
+    twin = build_backbone("vit", config=TINY_VIT, seed=3)
     assert twin.fingerprint() == bb.fingerprint()
     assert torch.equal(twin.extract(images), f)
-    other = build_backbone("vit", config=TINY_VIT, init_seed=4)
+    other = build_backbone("vit", config=TINY_VIT, seed=4)
     assert other.fingerprint() != bb.fingerprint()
 
 

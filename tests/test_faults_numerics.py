@@ -96,7 +96,7 @@ def test_parameters_beyond_the_dtype_are_refused_at_fit():
     # classes too, so no constant shift fits float32: refuse, never predict class 0 for everyone
     X, y = offset_classes()
     stats = ClassGaussians(X.shape[1]).update(1e18 * X, y)
-    with pytest.raises(ValueError, match=r"NCM: the head's parameters overflow torch.float32 .*dtype=torch.float64"):
+    with pytest.raises(ValueError, match=r"NCM: the head's parameters overflow torch.float32 .*dtype='float64'"):
         NCM(dtype=torch.float32).fit(stats)
     NCM().fit(stats)  # float64 is fine
 

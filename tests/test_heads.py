@@ -344,7 +344,7 @@ def test_randomized_decomposition_is_seeded_and_order_independent():
     c = LRRGDA(**kw, class_batch_size=1).fit(stats.subset(order)).decision_function(X)
     assert torch.allclose(c.flip(1), a, rtol=0, atol=1e-10)
     # another seed takes another path to the same converged eigenpairs: the exact model
-    d = LRRGDA(**kw, random_state=7).fit(stats).decision_function(X)
+    d = LRRGDA(**kw, seed=7).fit(stats).decision_function(X)
     exact = LRRGDA(rank=3, decomposition="eigh").fit(stats).decision_function(X)
     assert not torch.equal(a, d)
     for scores in (a, d):
@@ -433,7 +433,7 @@ def test_sgd_head_is_reproducible_and_learns_the_bayes_rule():
     # shared identity covariance: the Bayes rule is linear, so the SGD head should agree with LDA
     lda = LDA(0.0).fit(stats)
     assert (a.predict(X) == lda.predict(X)).double().mean() > 0.95
-    assert not torch.equal(SGDHead(**kw, random_state=1).fit(stats).rows_, a.rows_)
+    assert not torch.equal(SGDHead(**kw, seed=1).fit(stats).rows_, a.rows_)
 
 
 def test_sgd_head_step_budget_and_early_stopping():

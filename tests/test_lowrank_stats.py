@@ -73,7 +73,7 @@ def test_truncated_model_keeps_the_top_eigenpairs_and_the_trace(decomposition):
 
 def test_randomized_compression_does_not_depend_on_batching_or_order():
     dense = dense_stats(d=20)
-    kw = {"decomposition": "randomized", "oversample": 2, "n_iter": 1, "random_state": 3}
+    kw = {"decomposition": "randomized", "oversample": 2, "n_iter": 1, "seed": 3}
     a = LowRankGaussians.from_dense(dense, 4, batch_size=32, **kw)
     b = LowRankGaussians.from_dense(dense.subset(dense.classes[::-1]), 4, batch_size=1, **kw)
     pos = b.positions(a.classes)
@@ -256,7 +256,7 @@ def test_memory_report_equals_the_tensor_sizes():
 def test_save_load_round_trip(tmp_path):
     dense = dense_stats()
     low = LowRankGaussians.from_dense(dense, 4, dtype=torch.float32, decomposition="randomized",
-                                      oversample=3, random_state=5)
+                                      oversample=3, seed=5)
     path = tmp_path / "low.safetensors"
     low.save(path)
     assert [p.name for p in tmp_path.iterdir()] == ["low.safetensors"]
@@ -296,7 +296,7 @@ def test_bad_input_is_refused():
         LowRankGaussians(6, 7)
     with pytest.raises(ValueError, match="rank 7 exceeds the feature dimension 6"):
         LowRankGaussians.from_dense(dense, 7)
-    with pytest.raises(ValueError, match="float32 or float64"):
+    with pytest.raises(ValueError, match="dtype must be a torch dtype or its name, one of 'float64', 'float32'"):
         LowRankGaussians(6, 2, dtype=torch.float16)
     with pytest.raises(ValueError, match="decomposition"):
         LowRankGaussians(6, 2, decomposition="svd")

@@ -273,7 +273,7 @@ def test_parameters_mirror_the_head(estimator):
     assert list(estimator.get_params()) == sorted(head_params)
     X, y = blobs([0, 1])
     head = clone(estimator).fit(X, y).head_
-    assert isinstance(head, type(estimator)._head_class) and head.dtype == torch.float64
+    assert isinstance(head, type(estimator)._head_class) and head.dtype_ == torch.float64
     assert head.device_ == torch.device("cpu")
 
 

@@ -23,6 +23,59 @@ SYMMETRY_RTOL = 1e-6
 PSD_RTOL = 1e-5
 
 
+#: The floating dtypes gdacil computes in, by the name configs and saved metadata use
+FLOAT_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
+                "bfloat16": torch.bfloat16}
+
+
+def as_dtype(value, name: str = "dtype", *, allowed=tuple(FLOAT_DTYPES)) -> torch.dtype:
+    """``value`` as a ``torch.dtype``: a dtype, its name (``"float64"``, ``"torch.float64"``) or a
+    numpy floating dtype, one of ``allowed`` (names); else a ``ValueError`` naming ``name`` and the
+    accepted values.
+
+    >>> as_dtype("float32"), as_dtype(torch.float64)
+    (torch.float32, torch.float64)
+    >>> as_dtype("int8")
+    Traceback (most recent call last):
+    ...
+    ValueError: dtype must be a torch dtype or its name, one of 'float64', 'float32', 'float16', 'bfloat16'; got 'int8'
+    """
+    key = value
+    if isinstance(value, torch.dtype):
+        key = dtype_name(value)
+    elif isinstance(value, str):
+        key = value.removeprefix("torch.")
+    elif isinstance(value, np.dtype) or (isinstance(value, type) and issubclass(value, np.generic)):
+        key = np.dtype(value).name
+    if not isinstance(key, str) or key not in allowed:
+        names = ", ".join(repr(n) for n in allowed)
+        raise ValueError(f"{name} must be a torch dtype or its name, one of {names}; got {value!r}")
+    return FLOAT_DTYPES[key]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The name of a torch dtype as configs and saved metadata write it (``"float64"``)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def as_device(value, name: str = "device") -> torch.device:
+    """``value`` (None for the CPU, a name such as ``"cuda:0"``, or a ``torch.device``) as a
+    ``torch.device``; else a ``ValueError`` naming ``name`` and the accepted values.
+
+    >>> as_device(None), as_device("cpu")
+    (device(type='cpu'), device(type='cpu'))
+    """
+    if value is None:
+        return torch.device("cpu")
+    if isinstance(value, (str, torch.device)):
+        try:
+            return torch.device(value)
+        except RuntimeError:
+            pass
+    raise ValueError(f"{name} must be None (the CPU), a device name such as 'cpu' or 'cuda:0', "
+                     f"or a torch.device; got {value!r}")
+
+
 def finite_flag(t: torch.Tensor) -> torch.Tensor:
     """A 0-d bool tensor: whether every value of the floating tensor ``t`` is finite.
 
@@ -196,6 +249,13 @@ def check_covariances(mats: torch.Tensor, labels, *, what: str = "covariance",
 def check_positive_int(value, name: str, *, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}; got {value!r}")
+    return int(value)
+
+
+def check_seed(value, name: str = "seed") -> int:
+    """``value`` if it is an int seed (not a bool), else a ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an int seed; got {value!r}")
     return int(value)
 
 

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ._validation import as_features, check_positive_int
+from ._validation import as_dtype, as_features, check_positive_int, check_seed
 from .errors import NotFittedError
 from .hashing import sha256_tensors
 
@@ -57,9 +57,7 @@ class FeatureMap:
     def __init__(self, dim_in: int, dim_out: int, seed: int = 0):
         self.dim_in = check_positive_int(dim_in, "dim_in")
         self.dim_out = check_positive_int(dim_out, "dim_out")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"seed must be an int; got {seed!r}")
-        self.seed = seed
+        self.seed = check_seed(seed)
         self._weights: dict[torch.dtype, tuple[torch.Tensor, ...]] = {}
         self._expected_sha256: str | None = None
 
@@ -118,8 +116,9 @@ class FeatureMap:
         """The weights in float64 on the CPU, drawn from ``torch.Generator().manual_seed(seed)``."""
         raise NotImplementedError
 
-    def weights(self, dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, ...]:
+    def weights(self, dtype: torch.dtype | str = "float64") -> tuple[torch.Tensor, ...]:
         """The map's weights (cached per dtype), regenerated from the seed on first use."""
+        dtype = as_dtype(dtype)
         if dtype not in self._weights:
             if torch.float64 not in self._weights:
                 drawn = tuple(w.contiguous() for w in self._draw())
@@ -153,16 +152,16 @@ class FeatureMap:
         """Rows per chunk, so that one chunk of output holds about 32 MiB."""
         return max(1, _CHUNK_BYTES // (8 * max(self.dim_out, self.dim_in)))
 
-    def iter_chunks(self, X, *, dtype: torch.dtype = torch.float64):
+    def iter_chunks(self, X, *, dtype: torch.dtype | str = "float64"):
         """Yield ``(start, stop, phi(X[start:stop]))`` over row chunks of ``X`` (validated:
         2-D, ``dim_in`` columns, finite)."""
         X = self._validate(X, dtype)
         yield from self._chunks(X)
 
-    def __call__(self, X, *, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    def __call__(self, X, *, dtype: torch.dtype | str = "float64") -> torch.Tensor:
         """``phi(X)``, shape ``(n, dim_out)``, in ``dtype`` (float64 by default)."""
         X = self._validate(X, dtype)
-        out = torch.empty(X.shape[0], self.dim_out, dtype=dtype)
+        out = torch.empty(X.shape[0], self.dim_out, dtype=X.dtype)
         for start, stop, Z in self._chunks(X):
             out[start:stop] = Z
         return out
@@ -170,7 +169,7 @@ class FeatureMap:
     def _validate(self, X, dtype) -> torch.Tensor:
         if not self.is_fitted:
             raise NotFittedError(f"{self!r} is not fitted: call fit(X) on a first batch")
-        return as_features(X, dim=self.dim_in, dtype=dtype)
+        return as_features(X, dim=self.dim_in, dtype=as_dtype(dtype))
 
     def _chunks(self, X: torch.Tensor):
         weights = self.weights(X.dtype)

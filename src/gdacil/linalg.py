@@ -9,6 +9,8 @@ import warnings
 
 import torch
 
+from ._deprecation import renamed_parameters
+
 __all__ = [
     "NumericalWarning",
     "class_top_eigh",
@@ -225,10 +227,11 @@ def randomized_top_eigh(
     return U.reshape(*batch, d, rank), s.reshape(*batch, rank)
 
 
-# Seeds of per-class test matrices: random_state * _SEED_STRIDE + label % _SEED_STRIDE.
+# Seeds of per-class test matrices: seed * _SEED_STRIDE + label % _SEED_STRIDE.
 _SEED_STRIDE = 1_000_003
 
 
+@renamed_parameters(random_state="seed")
 def class_top_eigh(
     A: torch.Tensor,
     rank: int,
@@ -237,15 +240,16 @@ def class_top_eigh(
     decomposition: str = "eigh",
     oversample: int = 16,
     n_iter: int = 4,
-    random_state: int = 0,
+    seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-``rank`` eigenpairs of a block of per-class matrices ``A`` ``(k, d, d)``, class-seeded.
 
     ``decomposition="eigh"`` is :func:`top_eigh`. ``"randomized"`` is :func:`randomized_top_eigh`
     with ``rank + oversample`` columns, where class ``c``'s Gaussian test matrix is drawn from a
-    generator seeded with ``(random_state, c)``: the result for a class does not depend on which
+    generator seeded with ``(seed, c)``: the result for a class does not depend on which
     other classes share its block, nor on their order. When ``rank + oversample >= d`` the sketch
-    would not be smaller than the matrix, and the exact decomposition is used.
+    would not be smaller than the matrix, and the exact decomposition is used. ``random_state``
+    is a deprecated alias of ``seed``.
 
     Examples
     --------
@@ -267,6 +271,6 @@ def class_top_eigh(
     omega = torch.empty(len(labels), d, k, dtype=A.dtype)
     g = torch.Generator()
     for i, c in enumerate(labels):
-        g.manual_seed(random_state * _SEED_STRIDE + c % _SEED_STRIDE)
+        g.manual_seed(seed * _SEED_STRIDE + c % _SEED_STRIDE)
         omega[i] = torch.randn(d, k, dtype=A.dtype, generator=g)
     return randomized_top_eigh(A, rank, n_iter=n_iter, test_matrix=omega.to(A.device))

@@ -36,11 +36,15 @@ from typing import Any, ClassVar, NamedTuple
 
 import torch
 
+from ._deprecation import renamed_parameters
 from ._validation import (
     SYMMETRY_RTOL,
     all_finite,
+    as_dtype,
     check_nonnegative,
     check_positive_int,
+    check_seed,
+    dtype_name,
     first_nonfinite,
 )
 from .linalg import class_top_eigh, symmetrize
@@ -51,16 +55,7 @@ __all__ = ["LowRankFactors", "LowRankGaussians"]
 #: Largest ``|U^T U - I|`` of loaded eigenvectors, by storage dtype: two orders of magnitude above
 #: the rounding of orthonormal float64 columns to that dtype
 _ORTHONORMAL_TOL = {torch.float32: 1e-5, torch.float64: 1e-8}
-_STORAGE_DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-
-def _storage_dtype(dtype) -> torch.dtype:
-    if isinstance(dtype, str):
-        dtype = _STORAGE_DTYPES.get(dtype, dtype)
-    if dtype not in (torch.float32, torch.float64):
-        raise ValueError(f"dtype (of the stored eigenvectors) must be float32 or float64; "
-                         f"got {dtype!r}")
-    return dtype
+_STORAGE_DTYPES = ("float64", "float32")
 
 
 class LowRankFactors(NamedTuple):
@@ -93,19 +88,21 @@ class LowRankGaussians(ClassStatistics):
     ddof : {0, 1}, default 0
         Normalisation of the covariances the statistics hold (only checked when merging dense
         statistics, which must use the same).
-    dtype : {torch.float64, torch.float32, "float64", "float32"}, default torch.float64
+    dtype : {"float64", "float32"} or torch.dtype, default "float64"
         Storage dtype of the eigenvectors (the dominant cost, ``C d q`` numbers). Counts, means,
         eigenvalues, residual variances and the covariance sum are always float64.
     decomposition : {"eigh", "randomized"}, default "eigh"
         How covariances are compressed: exact symmetric eigendecomposition, or seeded randomized
         subspace iteration with ``oversample`` extra columns and ``n_iter`` power iterations, each
-        class's test matrix drawn from ``(random_state, label)`` so results do not depend on
+        class's test matrix drawn from ``(seed, label)`` so results do not depend on
         batching or class order (:func:`gdacil.linalg.class_top_eigh`).
     oversample : int, default 16
     n_iter : int, default 4
-    random_state : int, default 0
-    device : torch.device or str, optional
-        Where the statistics live (default CPU).
+    seed : int, default 0
+        Every random choice (the randomized decomposition's test matrices) takes this seed. The
+        former name ``random_state`` is a deprecated alias; files saved with it still load.
+    device : None, str or torch.device, default None
+        Where the statistics live (None: the CPU).
 
     Notes
     -----
@@ -139,23 +136,22 @@ class LowRankGaussians(ClassStatistics):
     # every growth step copies the dominant eigenvector tensor: grow by a quarter, not double
     _growth: ClassVar[float] = 1.25
 
-    def __init__(self, dim: int, rank: int, *, ddof: int = 0, dtype=torch.float64,
+    @renamed_parameters(random_state="seed")
+    def __init__(self, dim: int, rank: int, *, ddof: int = 0, dtype="float64",
                  decomposition: str = "eigh", oversample: int = 16, n_iter: int = 4,
-                 random_state: int = 0, device: torch.device | str | None = None):
+                 seed: int = 0, device: torch.device | str | None = None):
         super().__init__(dim, ddof=ddof, device=device)
         self.rank = check_positive_int(rank, "rank")
         if self.rank > self.dim:
             raise ValueError(f"rank {rank} exceeds the feature dimension {self.dim}: a covariance "
                              f"has at most {self.dim} eigenpairs")
-        self.dtype = _storage_dtype(dtype)
+        self.dtype = as_dtype(dtype, allowed=_STORAGE_DTYPES)
         if decomposition not in ("eigh", "randomized"):
             raise ValueError(f"decomposition must be 'eigh' or 'randomized'; got {decomposition!r}")
         self.decomposition = decomposition
         self.oversample = check_positive_int(oversample, "oversample", minimum=0)
         self.n_iter = check_positive_int(n_iter, "n_iter", minimum=0)
-        if isinstance(random_state, bool) or not isinstance(random_state, int):
-            raise ValueError(f"random_state must be an int seed; got {random_state!r}")
-        self.random_state = random_state
+        self.seed = check_seed(seed)
         f64: dict[str, Any] = {"dtype": torch.float64, "device": self.device}
         self._eigenvectors = torch.zeros(0, dim, self.rank, dtype=self.dtype, device=self.device)
         self._eigenvalues = torch.zeros(0, self.rank, **f64)
@@ -168,9 +164,9 @@ class LowRankGaussians(ClassStatistics):
 
     def _config(self) -> dict[str, Any]:
         return {"dim": self.dim, "rank": self.rank, "ddof": self.ddof,
-                "dtype": str(self.dtype).removeprefix("torch."),
+                "dtype": dtype_name(self.dtype),
                 "decomposition": self.decomposition, "oversample": self.oversample,
-                "n_iter": self.n_iter, "random_state": self.random_state}
+                "n_iter": self.n_iter, "seed": self.seed}
 
     # ------------------------------------------------------------------ views
     @property
@@ -237,9 +233,10 @@ class LowRankGaussians(ClassStatistics):
 
     # ------------------------------------------------------- building and editing
     @classmethod
+    @renamed_parameters(random_state="seed")
     def from_dense(cls, stats: ClassGaussians, rank: int, *, decomposition: str = "eigh",
-                   oversample: int = 16, n_iter: int = 4, random_state: int = 0,
-                   dtype=torch.float64, batch_size: int = 32) -> LowRankGaussians:
+                   oversample: int = 16, n_iter: int = 4, seed: int = 0,
+                   dtype="float64", batch_size: int = 32) -> LowRankGaussians:
         """Compress dense statistics, ``batch_size`` classes at a time.
 
         Counts, means, ``ddof`` and device are kept; the average covariance is exact. Peak
@@ -249,7 +246,7 @@ class LowRankGaussians(ClassStatistics):
         if not isinstance(stats, ClassGaussians):
             raise TypeError(f"from_dense expects ClassGaussians; got {type(stats).__name__}")
         out = cls(stats.dim, rank, ddof=stats.ddof, dtype=dtype, decomposition=decomposition,
-                  oversample=oversample, n_iter=n_iter, random_state=random_state,
+                  oversample=oversample, n_iter=n_iter, seed=seed,
                   device=stats.device)
         return out.reserve(stats.n_classes).merge(stats, batch_size=batch_size)
 
@@ -316,7 +313,7 @@ class LowRankGaussians(ClassStatistics):
         """``(U, s, sigma^2)`` of float64 covariances ``(k, d, d)``."""
         U, s = class_top_eigh(covs, self.rank, labels, decomposition=self.decomposition,
                               oversample=self.oversample, n_iter=self.n_iter,
-                              random_state=self.random_state)
+                              seed=self.seed)
         if self.rank == self.dim:
             res = torch.zeros_like(s[:, 0])
         else:

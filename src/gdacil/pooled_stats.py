@@ -26,7 +26,14 @@ from typing import ClassVar
 
 import torch
 
-from ._validation import SYMMETRY_RTOL, all_finite, as_features, as_labels, check_positive_int
+from ._validation import (
+    SYMMETRY_RTOL,
+    all_finite,
+    as_device,
+    as_features,
+    as_labels,
+    check_positive_int,
+)
 from .io import load_tensors, save_tensors
 from .linalg import symmetrize
 
@@ -40,8 +47,8 @@ class PooledGaussians:
     ----------
     dim : int
         Feature dimension ``M``.
-    device : torch.device or str, optional
-        Where the statistics live (default CPU).
+    device : None, str or torch.device, default None
+        Where the statistics live (None: the CPU).
 
     Examples
     --------
@@ -61,7 +68,7 @@ class PooledGaussians:
 
     def __init__(self, dim: int, *, device: torch.device | str | None = None):
         self.dim = check_positive_int(dim, "dim")
-        self.device = torch.device(device or "cpu")
+        self.device = as_device(device)
         self._labels: list[int] = []
         self._index: dict[int, int] = {}
         self._counts = torch.zeros(0, dtype=torch.float64, device=self.device)

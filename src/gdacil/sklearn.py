@@ -7,8 +7,8 @@ scikit-learn estimator API: numpy in, numpy out, any label type, ``get_params``/
 :class:`FeCAMClassifier` (:class:`~gdacil.heads.FeCAM`), :class:`RanPACClassifier`,
 :class:`ACILClassifier` and :class:`RBFLDAClassifier` (the mapped heads
 :class:`~gdacil.heads.RanPAC`, :class:`~gdacil.heads.ACIL`, :class:`~gdacil.heads.RBFLDA`; see
-"The anchor heads" below). Every estimator's parameters are its head's (same names and defaults;
-``dtype`` is a string). They all pass ``sklearn.utils.estimator_checks.check_estimator`` with no
+"The anchor heads" below). Every estimator's parameters are its head's (same names and
+defaults). They all pass ``sklearn.utils.estimator_checks.check_estimator`` with no
 check skipped.
 
 Class-incremental learning
@@ -25,7 +25,7 @@ samples (``head_.n_decomposed_`` says how many). ``fit`` starts from scratch.
 
 LR-RGDA's default ``decomposition="eigh"`` is exact. With ``decomposition="randomized"`` (used
 when ``rank + oversample < n_features``) each class's random test matrix is seeded from
-``random_state`` and the class's internal id, its order of first appearance; sharded
+``seed`` and the class's internal id, its order of first appearance; sharded
 ``partial_fit`` and one ``fit`` may number classes differently and then agree to the accuracy of
 the converged randomized decomposition (residuals below 1e-10 of the top eigenvalue), not to
 round-off.
@@ -148,6 +148,8 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from ._deprecation import renamed_parameters
+from ._validation import as_dtype
 from .heads import ACIL, LDA, LRRGDA, NCM, QDA, RBFLDA, RGDA, FeCAM, RanPAC
 from .heads.base import warn_unless_normalised
 from .heads.mapped import DEFAULT_MAX_BYTES
@@ -179,13 +181,13 @@ _PARAMETER_DOCS = {
         frequencies; an array is in ``classes_`` order; a mapping is keyed by class label
         (and, unlike an array, can cover classes that ``partial_fit`` has not seen yet).""",
     "device": """\
-    device : str or torch.device, optional
-        Where the head is built and scores are computed (default CPU).""",
+    device : None, str or torch.device, default None
+        Where the head is built and scores are computed (None: the CPU).""",
     "dtype": """\
     dtype : str or torch.dtype, default "float64"
-        Dtype of the head's inference tensors ("float64", "float32", ...; the mapped heads take
-        those two only). Statistics are always accumulated, and mapped heads solved, in
-        float64.""",
+        Dtype of the head's inference tensors: "float64", "float32", "float16" or "bfloat16" (the
+        mapped heads take the first two only), or the ``torch.dtype``. Statistics are always
+        accumulated, and mapped heads solved, in float64.""",
     "class_batch_size": """\
     class_batch_size : int or "auto", default "auto"
         Classes per block when building and scoring; "auto" keeps the score buffer near 8 MiB.""",
@@ -229,20 +231,6 @@ def _fill_docstring(cls):
     cls.__doc__ = (cls.__doc__.replace("    {shared_parameters}", shared)
                    .replace("    {shared_attributes}", f"{_SHARED_ATTRIBUTES}\n{cls._STATE_DOC}"))
     return cls
-
-
-def _torch_dtype(dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
-    except TypeError:
-        name = None
-    found = getattr(torch, name, None) if isinstance(name, str) else None
-    if not isinstance(found, torch.dtype):
-        raise ValueError(f"dtype must be a torch dtype or a dtype name such as 'float64' or "
-                         f"'float32'; got {dtype!r}")
-    return found
 
 
 def _as_tensor(X: np.ndarray) -> torch.Tensor:
@@ -473,7 +461,8 @@ class _GaussianClassifier(ClassifierMixin, BaseEstimator):
     def _head_kwargs(self, labels: np.ndarray, class_ids: np.ndarray) -> dict:
         names = list(inspect.signature(self._head_class.__init__).parameters)[1:]
         kwargs = {name: getattr(self, name) for name in names}
-        kwargs["dtype"] = _torch_dtype(self.dtype)
+        # LRRGDA computes with its dtype itself: every head gets the torch.dtype
+        kwargs["dtype"] = as_dtype(self.dtype)
         if "priors" in kwargs:
             kwargs["priors"] = self._internal_priors(labels, class_ids)
         return kwargs
@@ -748,8 +737,9 @@ class LRRGDAClassifier(_GaussianClassifier):
     decomposition : {"eigh", "randomized"}, default "eigh"
     oversample : int, default 16
     n_iter : int, default 4
-    random_state : int, default 0
-        Seed of the randomized decomposition (per class, independent of class order).
+    seed : int, default 0
+        Seed of the randomized decomposition (per class, independent of class order): every
+        random choice takes this seed. The former name ``random_state`` is a deprecated alias.
     {shared_parameters}
 
     Attributes
@@ -777,10 +767,11 @@ class LRRGDAClassifier(_GaussianClassifier):
 
     _head_class = LRRGDA
 
+    @renamed_parameters(random_state="seed")
     def __init__(self, rank=64, alpha1=PAPER_ALPHAS[0], alpha2=PAPER_ALPHAS[1],
                  alpha3=PAPER_ALPHAS[2], *, identity_scale="trace", decomposition="eigh",
-                 oversample=16, n_iter=4, random_state=0, priors=None, device=None,
-                 dtype="float64", class_batch_size="auto"):
+                 oversample=16, n_iter=4, seed=0, priors=None, device=None, dtype="float64",
+                 class_batch_size="auto"):
         super().__init__(priors=priors, device=device, dtype=dtype,
                          class_batch_size=class_batch_size)
         self.rank = rank
@@ -791,7 +782,7 @@ class LRRGDAClassifier(_GaussianClassifier):
         self.decomposition = decomposition
         self.oversample = oversample
         self.n_iter = n_iter
-        self.random_state = random_state
+        self.seed = seed
 
 
 @_fill_docstring

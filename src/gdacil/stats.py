@@ -30,8 +30,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from ._deprecation import current_names
 from ._validation import (
     all_finite,
+    as_device,
     as_features,
     as_labels,
     check_covariances,
@@ -67,8 +69,8 @@ class ClassStatistics(abc.ABC):
         Feature dimension ``d``.
     ddof : {0, 1}, default 0
         Covariance normalisation ``1 / (n - ddof)`` the statistics were (or will be) built with.
-    device : torch.device or str, optional
-        Where the statistics live (default CPU).
+    device : None, str or torch.device, default None
+        Where the statistics live (None: the CPU).
 
     Notes
     -----
@@ -111,7 +113,7 @@ class ClassStatistics(abc.ABC):
         if ddof not in (0, 1):
             raise ValueError(f"ddof must be 0 (1/n, the paper) or 1 (1/(n-1)); got {ddof!r}")
         self.ddof = ddof
-        self.device = torch.device(device or "cpu")
+        self.device = as_device(device)
         self._labels: list[int] = []
         self._index: dict[int, int] = {}
         self._revisions: list[int] = []
@@ -336,7 +338,7 @@ class ClassStatistics(abc.ABC):
 
     def to(self, device: torch.device | str) -> Self:
         out = self.copy()
-        out.device = torch.device(device)
+        out.device = as_device(device)
         for name in (*self._per_class, *self._shared):
             setattr(out, name, getattr(out, name).to(out.device))
         return out
@@ -522,7 +524,7 @@ class ClassStatistics(abc.ABC):
         if isinstance(ddof, bool) or not isinstance(ddof, int) or ddof not in (0, 1):
             raise ValueError(f"{source}: ddof must be 0 or 1; got {ddof!r}")
         try:
-            out = cls(**config, device=device)
+            out = cls(**current_names(cls, config), device=device)
         except (TypeError, ValueError) as err:
             raise ValueError(f"{source}: invalid {cls.__name__} configuration {config}: {err}") \
                 from None
@@ -576,8 +578,8 @@ class ClassGaussians(ClassStatistics):
         Covariance normalisation ``1 / (n - ddof)``. 0 is the paper's maximum-likelihood
         estimate; 1 is the unbiased estimate of the reference code. A class with ``n <= ddof``
         has a zero covariance (heads regularise it; see their docs).
-    device : torch.device or str, optional
-        Where the statistics live (default CPU).
+    device : None, str or torch.device, default None
+        Where the statistics live (None: the CPU).
 
     See Also
     --------

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from .._validation import as_device
 from ..hashing import sha256_json, sha256_tensors
 from .blocks import BlockLinears, find_blocks
 from .preprocess import ImagePreprocess
@@ -115,16 +116,17 @@ class Backbone(abc.ABC):
         Feature dimension.
     name : str
         Registry name (recorded in :meth:`config`).
-    device : torch.device or str
+    device : None, str or torch.device, default None
+        Where the model runs (None: the CPU).
     """
 
     #: ``"image"`` or ``"text"``: what :meth:`preprocess` accepts.
     modality: str = ""
 
     def __init__(
-        self, model: nn.Module, dim: int, *, name: str, device: torch.device | str = "cpu"
+        self, model: nn.Module, dim: int, *, name: str, device: torch.device | str | None = None
     ):
-        self.device = torch.device(device)
+        self.device = as_device(device)
         self.model = model.to(self.device)
         self.dim = int(dim)
         self.name = name
@@ -172,7 +174,7 @@ class Backbone(abc.ABC):
 
     def to(self, device: torch.device | str) -> Self:
         """Move the model to ``device`` (in place); returns ``self``."""
-        self.device = torch.device(device)
+        self.device = as_device(device)
         self.model.to(self.device)
         return self
 
@@ -282,7 +284,7 @@ class ImageBackbone(Backbone):
         *,
         transform: ImagePreprocess | dict,
         name: str,
-        device: torch.device | str = "cpu",
+        device: torch.device | str | None = None,
     ):
         self.transform = ImagePreprocess(**transform) if isinstance(transform, dict) else transform
         super().__init__(model, dim, name=name, device=device)

@@ -15,6 +15,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from .._deprecation import renamed_parameters
 from .._optional import require
 from .._random import isolated_global_seed
 from .base import ImageBackbone, check_final_norm, normalize_features
@@ -42,10 +43,16 @@ class EfficientNetLite0Backbone(ImageBackbone):
     final_norm : {"pretrained", "nonaffine_ln", "l2"}
         Applied to the pooled feature; ``"pretrained"`` leaves it as is.
     pretrained : bool
-        Load the ImageNet weights (``False``: random initialisation with ``init_seed``).
-    device, init_seed, name
+        Load the ImageNet weights (``False``: random initialisation with ``seed``).
+    seed : int, default 0
+        Seed of the random initialisation: every random choice takes this seed. The former name
+        ``init_seed`` is a deprecated alias.
+    device : None, str or torch.device, default None
+        Where the model runs (None: the CPU).
+    name : str, default "efficientnet-lite0"
     """
 
+    @renamed_parameters(init_seed="seed")
     def __init__(
         self,
         *,
@@ -53,8 +60,8 @@ class EfficientNetLite0Backbone(ImageBackbone):
         preprocess: ImagePreprocess | dict | None = None,
         final_norm: str = "pretrained",
         pretrained: bool = True,
-        device: torch.device | str = "cpu",
-        init_seed: int = 0,
+        device: torch.device | str | None = None,
+        seed: int = 0,
         name: str = "efficientnet-lite0",
     ):
         arch = require(
@@ -62,8 +69,8 @@ class EfficientNetLite0Backbone(ImageBackbone):
         )
         self.final_norm = check_final_norm(final_norm)
         self.pretrained = bool(pretrained)
-        self.init_seed = init_seed
-        with isolated_global_seed(init_seed):
+        self.seed = seed
+        with isolated_global_seed(seed):
             model = arch.EfficientNet.from_name("efficientnet-lite0")
         if pretrained:
             files = require(
@@ -93,7 +100,7 @@ class EfficientNetLite0Backbone(ImageBackbone):
         return {"arch": "efficientnet-lite0"}
 
     def config(self) -> dict:
-        return {**super().config(), "pretrained": self.pretrained, "init_seed": self.init_seed}
+        return {**super().config(), "pretrained": self.pretrained, "seed": self.seed}
 
     def blocks(self) -> list[BlockLinears]:
         raise NotImplementedError(

@@ -49,10 +49,10 @@ def load_pretrained(
         ) from err
 
 
-def seeded_init(factory, config, *, init_seed: int = 0, **kwargs):
-    """A randomly initialised ``factory(config, **kwargs)``, seeded with ``init_seed`` inside a
+def seeded_init(factory, config, *, seed: int = 0, **kwargs):
+    """A randomly initialised ``factory(config, **kwargs)``, seeded with ``seed`` inside a
     forked RNG so the global torch RNG is left as it was."""
-    with isolated_global_seed(init_seed):
+    with isolated_global_seed(seed):
         return factory(config, **kwargs)
 
 
@@ -67,24 +67,24 @@ class HFOrigin:
     source: str | None
     config: dict | None
     revision: str | None = None
-    init_seed: int = 0
+    seed: int = 0
 
     @classmethod
-    def resolve(cls, source, config, default: str, revision=None, init_seed: int = 0):
+    def resolve(cls, source, config, default: str, revision=None, seed: int = 0):
         if source is not None and config is not None:
             raise ValueError(
                 "pass either source (pretrained weights) or config (random init), not both"
             )
         if config is not None:
-            return cls(None, dict(config), revision, init_seed)
-        return cls(source or default, None, revision, init_seed)
+            return cls(None, dict(config), revision, seed)
+        return cls(source or default, None, revision, seed)
 
     def load(self, pretrained, make_config, from_config, *, local_files_only=False, **kwargs):
         """``pretrained.from_pretrained(source)``, or ``from_config(make_config(**config))``
-        initialised with ``init_seed``; ``kwargs`` go to both."""
+        initialised with ``seed``; ``kwargs`` go to both."""
         if self.config is not None:
             return seeded_init(
-                from_config, make_config(**self.config), init_seed=self.init_seed, **kwargs
+                from_config, make_config(**self.config), seed=self.seed, **kwargs
             )
         return load_pretrained(
             pretrained,
@@ -99,5 +99,5 @@ class HFOrigin:
             "source": self.source,
             "config": self.config,
             "revision": self.revision,
-            "init_seed": self.init_seed,
+            "seed": self.seed,
         }

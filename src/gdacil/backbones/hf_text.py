@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .._deprecation import renamed_parameters
 from ..hashing import canonical_json, sha256_json
 from .base import Backbone, check_final_norm, normalize_features
 from .hf import HFOrigin, load_pretrained, transformers_module
@@ -53,12 +54,13 @@ class HFTextBackbone(Backbone):
         Applied to the pooled feature (see :data:`~gdacil.backbones.base.FINAL_NORMS`).
     max_length : int
         Longer texts are truncated to this many tokens.
-    device, init_seed, revision, local_files_only, name
+    device, seed, revision, local_files_only, name
         As for :class:`~gdacil.backbones.hf_vision.HFVisionBackbone`.
     """
 
     modality = "text"
 
+    @renamed_parameters(init_seed="seed")
     def __init__(
         self,
         source: str | None = None,
@@ -68,8 +70,8 @@ class HFTextBackbone(Backbone):
         pooling: str = "cls",
         final_norm: str = "pretrained",
         max_length: int = 128,
-        device: torch.device | str = "cpu",
-        init_seed: int = 0,
+        device: torch.device | str | None = None,
+        seed: int = 0,
         revision: str | None = None,
         local_files_only: bool = False,
         name: str = "bert",
@@ -78,7 +80,7 @@ class HFTextBackbone(Backbone):
             raise ValueError(f"unknown pooling {pooling!r}; known: {', '.join(POOLINGS)}")
         if config is not None and tokenizer is None:
             raise ValueError("a randomly initialised text model (config=...) needs tokenizer=")
-        self.origin = HFOrigin.resolve(source, config, "bert-base-uncased", revision, init_seed)
+        self.origin = HFOrigin.resolve(source, config, "bert-base-uncased", revision, seed)
         self.tokenizer_source = tokenizer or self.origin.source
         self.pooling = pooling
         self.final_norm = check_final_norm(final_norm)

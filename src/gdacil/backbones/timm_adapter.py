@@ -49,7 +49,7 @@ class TimmBackbone(ImageBackbone):
         checkpoint_path: str | None = None,
         final_norm: str = "nonaffine_ln",
         preprocess: ImagePreprocess | dict | None = None,
-        device: torch.device | str = "cpu",
+        device: torch.device | str | None = None,
         name: str = "timm",
     ):
         timm = require(

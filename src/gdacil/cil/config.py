@@ -247,16 +247,16 @@ class CompensatorConfig(TypedConfig):
 
 
 def _check_head_params(head: HeadConfig, where: str) -> None:
-    """Refuse an unknown head, parameters its constructor does not take, and values it refuses."""
-    import inspect
-
+    """Refuse an unknown head, parameters its constructor does not take (deprecated aliases are
+    taken), and values it refuses."""
+    from .._deprecation import accepted_parameters
     from ..heads import head_class
 
     try:
         cls = head_class(head.name)
     except ValueError as exc:
         raise ConfigError(str(exc), path=where) from None
-    accepted = set(inspect.signature(cls.__init__).parameters) - {"self"}
+    accepted = accepted_parameters(cls)
     unknown = sorted(set(head.params) - accepted)
     if unknown:
         raise ConfigError(f"head {head.name!r} has no parameter(s) {unknown}; "

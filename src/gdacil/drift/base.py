@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import torch
 
 from .._random import make_generator
-from .._validation import as_features, check_nonnegative
+from .._validation import as_dtype, as_features, check_nonnegative, dtype_name
 from ..errors import NotFittedError
 from ..stats import ClassStatistics
 
@@ -42,17 +42,13 @@ __all__ = [
     "make_generator",
 ]
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
 #: Statistics of either storage: a compensator returns the kind it is given.
 _Stats = TypeVar("_Stats", bound=ClassStatistics)
 
 
-def resolve_dtype(name: str, *, field: str = "dtype") -> torch.dtype:
-    try:
-        return _DTYPES[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"{field} must be one of {sorted(_DTYPES)}; got {name!r}") from None
+def resolve_dtype(value) -> torch.dtype:
+    """A compensator's ``dtype`` (``"float64"``, ``"float32"`` or the ``torch.dtype``)."""
+    return as_dtype(value, allowed=("float64", "float32"))
 
 
 def check_anchor_pairs(old_features, new_features, *, normalized: tuple[str, ...] = ()):
@@ -139,10 +135,13 @@ class Compensator(abc.ABC):
         return self.fit(old_features, new_features).transform(stats, labels)
 
     def get_config(self) -> dict[str, Any]:
-        """The hyperparameters as a JSON-serialisable dict, with the registry ``name``."""
+        """The hyperparameters as a JSON-serialisable dict, with the registry ``name`` (a
+        ``torch.dtype`` as its name, a ``torch.Generator`` as ``"torch.Generator"``)."""
         config: dict[str, Any] = {"name": self.name}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if isinstance(value, torch.dtype):
+                value = dtype_name(value)
             config[f.name] = "torch.Generator" if isinstance(value, torch.Generator) else value
         return config
 

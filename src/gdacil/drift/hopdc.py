@@ -86,7 +86,7 @@ class HopDC(PseudoSampling, Compensator):
         Queries per attention block; peak attention memory is ``chunk_size x N``.
     class_batch : int, default 8
         Classes sampled and re-estimated together (memory ``class_batch x M x d`` float64).
-    dtype : {"float32", "float64"}, default "float32"
+    dtype : {"float32", "float64"} or torch.dtype, default "float32"
         Precision of the attention (keys, values, logits). Sampling and re-estimation are float64.
     seed : int or torch.Generator, default 0
         Source of the pseudo-sample noise. An int gives the same draws on every ``transform``.
@@ -131,7 +131,7 @@ class HopDC(PseudoSampling, Compensator):
     damping: float = 0.0
     match_moments: bool | str = "auto"
     chunk_size: int = 1024
-    dtype: str = "float32"
+    dtype: str | torch.dtype = "float32"
 
     @classmethod
     def recommended(cls, **overrides) -> HopDC:

@@ -42,7 +42,7 @@ class SDC(Compensator):
         distances, and ``sigma`` must be chosen on the features' scale.
     chunk_size : int, default 1024
         Class means per attention block.
-    dtype : {"float64", "float32"}, default "float64"
+    dtype : {"float64", "float32"} or torch.dtype, default "float64"
         Precision of the kernel weights.
 
     Examples
@@ -63,7 +63,7 @@ class SDC(Compensator):
     sigma: float = 0.3
     normalize: bool = True
     chunk_size: int = 1024
-    dtype: str = "float64"
+    dtype: str | torch.dtype = "float64"
 
     @property
     def _normalized_sets(self) -> tuple[str, ...]:  # type: ignore[override]  # from self.normalize

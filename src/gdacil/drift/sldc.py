@@ -233,7 +233,7 @@ class WeakNonlinearSLDC(PseudoSampling, Compensator):
     shared_noise, match_moments, jitter, class_batch
         As in :class:`HopDC`, but ``match_moments`` defaults to False (not measured here); the
         reference samples from ``Sigma + 1e-4 I``.
-    dtype : {"float32", "float64"}, default "float32"
+    dtype : {"float32", "float64"} or torch.dtype, default "float32"
         Precision of the model (training and inference).
     seed : int or torch.Generator, default 0
         Initialisation, minibatches and pseudo-sample noise.
@@ -271,7 +271,7 @@ class WeakNonlinearSLDC(PseudoSampling, Compensator):
     gate_penalty: float = 0.5
     n_samples: int = 5000
     class_batch: int = 4
-    dtype: str = "float32"
+    dtype: str | torch.dtype = "float32"
 
     def _check_params(self) -> None:
         if self.hidden is not None:

@@ -28,7 +28,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .._validation import as_features, check_positive_int, finite_flag, first_nonfinite
+from .._validation import (
+    as_device,
+    as_dtype,
+    as_features,
+    check_positive_int,
+    finite_flag,
+    first_nonfinite,
+)
 from ..errors import NotFittedError
 from ..stats import ClassStatistics
 
@@ -86,7 +93,7 @@ def checked_parameters(owner, dtype: torch.dtype, device, weights: torch.Tensor,
             return w, b
     raise ValueError(
         f"{name}: the head's parameters overflow {dtype} (its largest value is "
-        f"{torch.finfo(dtype).max:.3g}); fit it with dtype=torch.float64 or rescale the features")
+        f"{torch.finfo(dtype).max:.3g}); fit it with dtype='float64' or rescale the features")
 
 
 def finite_scores(owner, scores: torch.Tensor) -> torch.Tensor:
@@ -154,16 +161,18 @@ class GaussianHead(ABC):
         A mapping may also name classes still to come; the priors of the classes present are
         renormalised. Priors (for a mapping, all its entries) that do not sum to 1 within
         ``1e-5`` are renormalised with a ``UserWarning``, as scikit-learn's LDA does.
-    device : torch.device or str, optional
-        Where the head is built and scores are computed (default CPU).
-    dtype : torch.dtype, default torch.float64
-        Dtype of the inference tensors. Building runs in float64 (LR-RGDA: see its notes).
+    device : None, str or torch.device, default None
+        Where the head is built and scores are computed (None: the CPU).
+    dtype : str or torch.dtype, default "float64"
+        Dtype of the inference tensors: ``"float64"``, ``"float32"``, ``"float16"`` or
+        ``"bfloat16"``, or the ``torch.dtype``. Building runs in float64 (LR-RGDA: see its notes).
+        ``fit`` sets ``dtype_`` and ``device_``, the ``torch.dtype`` and ``torch.device`` in use.
     class_batch_size : int or "auto", default "auto"
         Classes per block, in building and in scoring; "auto" keeps the score buffer near 8 MiB
         (cache-sized) and the build buffers near 64 MiB.
     """
 
-    def __init__(self, *, priors=None, device=None, dtype=torch.float64, class_batch_size="auto"):
+    def __init__(self, *, priors=None, device=None, dtype="float64", class_batch_size="auto"):
         self.priors = priors
         self.device = device
         self.dtype = dtype
@@ -182,7 +191,7 @@ class GaussianHead(ABC):
         if stats.n_classes == 0:
             raise ValueError(f"{type(self).__name__}.fit: the statistics hold no classes")
         self._check_params()
-        self.device_ = torch.device(self.device or "cpu")
+        self.dtype_, self.device_ = as_dtype(self.dtype), as_device(self.device)
         self.classes_ = torch.tensor(stats.classes, dtype=torch.int64)
         self.n_features_in_ = stats.dim
         self._model_terms = model_terms
@@ -191,15 +200,15 @@ class GaussianHead(ABC):
             rows, bias, sign = self._build(stats, log_priors)
         finally:
             del self._model_terms
-        self.rows_, self.bias_ = checked_parameters(self, self.dtype, self.device_, rows, bias)
+        self.rows_, self.bias_ = checked_parameters(self, self.dtype_, self.device_, rows, bias)
         self.sign_ = float(sign)
         return self
 
     def _check_params(self) -> None:
         if self.class_batch_size != "auto":
             check_positive_int(self.class_batch_size, "class_batch_size")
-        if self.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
-            raise ValueError(f"dtype must be a floating torch dtype; got {self.dtype!r}")
+        as_dtype(self.dtype)
+        as_device(self.device)
 
     @abstractmethod
     def _build(self, stats: ClassStatistics, log_priors: torch.Tensor):
@@ -211,7 +220,7 @@ class GaussianHead(ABC):
             return int(self.class_batch_size)
         if n_samples is None:
             return max(1, _BUILD_BUFFER_BYTES // (1024 * n_rows_per_class * 8))
-        itemsize = torch.finfo(self.dtype).bits // 8
+        itemsize = self.dtype_.itemsize
         block = max(1, _SCORE_BUFFER_BYTES // (n_samples * n_rows_per_class * max(itemsize, 4)))
         # GEMM kernels slow down by a third on odd column counts (31 x 65 rows against 32 x 65)
         return block - block % 8 if block >= 8 else block
@@ -262,7 +271,7 @@ class GaussianHead(ABC):
 
     def _prepare(self, X) -> torch.Tensor:
         self._check_fitted()
-        return as_features(X, dim=self.n_features_in_, dtype=self.dtype, device=self.device_)
+        return as_features(X, dim=self.n_features_in_, dtype=self.dtype_, device=self.device_)
 
     def _score_blocks(self, X: torch.Tensor):
         """Yield ``(start, stop, scores)`` for consecutive blocks of classes."""
@@ -288,14 +297,14 @@ class GaussianHead(ABC):
         return None
 
     def _decision(self, X: torch.Tensor) -> torch.Tensor:
-        out = torch.empty(X.shape[0], self.rows_.shape[0], dtype=self.dtype, device=self.device_)
+        out = torch.empty(X.shape[0], self.rows_.shape[0], dtype=self.dtype_, device=self.device_)
         for start, stop, scores in self._score_blocks(X):
             out[:, start:stop] = scores
         offset = self._sample_offset(X)
         if offset is not None:
             out += offset
         if not bool(finite_flag(out)):  # overflow in the head's dtype: rescale in float64
-            out = rescaled_scores(self, self._scores64(X), self.dtype)
+            out = rescaled_scores(self, self._scores64(X), self.dtype_)
         return out
 
     def _scores64(self, X: torch.Tensor) -> torch.Tensor:
@@ -326,7 +335,7 @@ class GaussianHead(ABC):
         scores that are NaN or inf even then raise a ``ValueError``.
         """
         X = self._prepare(X)
-        best = torch.full((X.shape[0],), -torch.inf, dtype=self.dtype, device=self.device_)
+        best = torch.full((X.shape[0],), -torch.inf, dtype=self.dtype_, device=self.device_)
         arg = torch.zeros(X.shape[0], dtype=torch.long, device=self.device_)
         finite = torch.ones((), dtype=torch.bool, device=self.device_)
         for start, _, scores in self._score_blocks(X):

@@ -45,11 +45,11 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from .._validation import as_features, as_labels, check_nonnegative
+from .._validation import as_device, as_dtype, as_features, as_labels, check_nonnegative, dtype_name
 from ..io import load_tensors, save_tensors
 from ..stats import ClassGaussians, ClassStatistics
 from .base import GaussianHead, NotFittedError, stack_rows
-from .mapped import DEFAULT_MAX_BYTES, check_budget, dtype_from_name
+from .mapped import DEFAULT_MAX_BYTES, check_budget
 
 __all__ = ["FECAM_PRESETS", "FeCAM", "fecam_covariances", "inverse_factors"]
 
@@ -174,7 +174,7 @@ class FeCAM(GaussianHead):
     _FORMAT: ClassVar[str] = "gdacil.FeCAM/1"
 
     def __init__(self, alpha1=1.0, alpha2=0.0, *, tukey=None, normalize=True, l2=False, rcond=1e-10,
-                 ddof=1, priors=None, device=None, dtype=torch.float64, class_batch_size="auto",
+                 ddof=1, priors=None, device=None, dtype="float64", class_batch_size="auto",
                  max_bytes=DEFAULT_MAX_BYTES):
         super().__init__(priors=priors, device=device, dtype=dtype, class_batch_size=class_batch_size)
         self.alpha1 = alpha1
@@ -298,12 +298,12 @@ class FeCAM(GaussianHead):
 
     # ------------------------------------------------------------------ building
     def _state_bytes(self, d: int, n_classes: int) -> int:
-        itemsize = torch.finfo(self.dtype).bits // 8
+        itemsize = as_dtype(self.dtype).itemsize
         return n_classes * d * (8 * (d + 1) + itemsize * (d + 1) * 2)
 
     def _build_key(self) -> tuple:
         return (float(self.alpha1), float(self.alpha2), self.tukey, bool(self.normalize),
-                bool(self.l2), float(self.rcond), str(self.dtype), str(self.device))
+                bool(self.l2), float(self.rcond), as_dtype(self.dtype), as_device(self.device))
 
     def _ensure_built(self) -> None:
         stats = getattr(self, "stats_", None)
@@ -320,14 +320,14 @@ class FeCAM(GaussianHead):
 
     def _prepare(self, X) -> torch.Tensor:
         self._ensure_built()
-        return self.transform(X).to(dtype=self.dtype, device=self.device_)
+        return self.transform(X).to(dtype=self.dtype_, device=self.device_)
 
     def _build(self, stats, log_priors):
         d = stats.dim
         reuse = self._reusable_rows(stats)
         todo = [c for c in stats.classes if c not in reuse]
-        rows = torch.empty(stats.n_classes, 1 + d, d, dtype=self.dtype, device=self.device_)
-        bias = torch.empty(stats.n_classes, 1 + d, dtype=self.dtype, device=self.device_)
+        rows = torch.empty(stats.n_classes, 1 + d, d, dtype=self.dtype_, device=self.device_)
+        bias = torch.empty(stats.n_classes, 1 + d, dtype=self.dtype_, device=self.device_)
         for c, (r, b) in reuse.items():
             p = stats.positions([c])[0]
             rows[p], bias[p] = r, b
@@ -341,8 +341,8 @@ class FeCAM(GaussianHead):
                                                        device=self.device_),
                                            A, -(A @ mu.to(self.device_)[:, :, None])[:, :, 0])
             pos = stats.positions(labels).to(self.device_)
-            rows[pos], bias[pos] = block.to(self.dtype), block_bias.to(self.dtype)
-        bias[:, 0] = log_priors.to(device=self.device_, dtype=self.dtype)
+            rows[pos], bias[pos] = block.to(self.dtype_), block_bias.to(self.dtype_)
+        bias[:, 0] = log_priors.to(device=self.device_, dtype=self.dtype_)
         return rows, bias, -1.0
 
     def _reusable_rows(self, stats) -> dict:
@@ -379,7 +379,6 @@ class FeCAM(GaussianHead):
         if meta.get("format") != cls._FORMAT:
             raise ValueError(f"{path}: not a FeCAM file (format {meta.get('format')!r})")
         params = dict(meta["params"])
-        params["dtype"] = dtype_from_name(params["dtype"])
         if isinstance(params.get("priors"), dict):
             params["priors"] = {int(k): v for k, v in params["priors"].items()}
         head = cls(**params)
@@ -391,7 +390,9 @@ class FeCAM(GaussianHead):
 def _params_json(head) -> dict:
     out = {}
     for k, v in head.get_params().items():
-        if isinstance(v, (torch.dtype, torch.device)):
+        if isinstance(v, torch.dtype):
+            v = dtype_name(v)
+        elif isinstance(v, torch.device):
             v = str(v)
         elif isinstance(v, (np.ndarray, torch.Tensor)):
             v = v.tolist()

@@ -43,7 +43,7 @@ class LDA(GaussianHead):
     """
 
     def __init__(self, shrinkage=0.1, *, shrinkage_target="scaled_identity", priors=None,
-                 device=None, dtype=torch.float64, class_batch_size="auto"):
+                 device=None, dtype="float64", class_batch_size="auto"):
         super().__init__(priors=priors, device=device, dtype=dtype, class_batch_size=class_batch_size)
         self.shrinkage = shrinkage
         self.shrinkage_target = shrinkage_target

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import torch
 
-from .._validation import all_finite, check_positive_int
+from .._deprecation import renamed_parameters
+from .._validation import all_finite, check_positive_int, check_seed
 from ..linalg import class_top_eigh, logdet_from_cholesky, psd_cholesky, symmetrize
 from ..lowrank_stats import LowRankGaussians
 from ..stats import ClassStatistics
@@ -119,9 +120,10 @@ class LRRGDA(GaussianHead):
     oversample : int, default 16
     n_iter : int, default 4
         Power iterations per round of the randomized decomposition.
-    random_state : int, default 0
-        Seed of the randomized decomposition. Each class draws its own test matrix from
-        ``(random_state, label)``, so results do not depend on class order or batching.
+    seed : int, default 0
+        Seed of the randomized decomposition: every random choice takes this seed. Each class
+        draws its own test matrix from ``(seed, label)``, so results do not depend on class
+        order or batching. The former name ``random_state`` is a deprecated alias.
     priors, device, dtype, class_batch_size
         See :class:`~gdacil.heads.base.GaussianHead`.
 
@@ -153,10 +155,11 @@ class LRRGDA(GaussianHead):
     base_whitener_: torch.Tensor
     center_: torch.Tensor
 
+    @renamed_parameters(random_state="seed")
     def __init__(self, rank=64, alpha1=PAPER_ALPHAS[0], alpha2=PAPER_ALPHAS[1],
                  alpha3=PAPER_ALPHAS[2], *, identity_scale="trace", decomposition="eigh",
-                 oversample=16, n_iter=4, random_state=0, priors=None, device=None,
-                 dtype=torch.float64, class_batch_size="auto"):
+                 oversample=16, n_iter=4, seed=0, priors=None, device=None,
+                 dtype="float64", class_batch_size="auto"):
         super().__init__(priors=priors, device=device, dtype=dtype, class_batch_size=class_batch_size)
         self.rank = rank
         self.alpha1 = alpha1
@@ -166,7 +169,7 @@ class LRRGDA(GaussianHead):
         self.decomposition = decomposition
         self.oversample = oversample
         self.n_iter = n_iter
-        self.random_state = random_state
+        self.seed = seed
 
     @classmethod
     def paper(cls, rank=64, **params):
@@ -182,15 +185,14 @@ class LRRGDA(GaussianHead):
             raise ValueError(f"decomposition must be 'randomized' or 'eigh'; got {self.decomposition!r}")
         check_positive_int(self.oversample, "oversample", minimum=0)
         check_positive_int(self.n_iter, "n_iter", minimum=0)
-        if not isinstance(self.random_state, int):
-            raise ValueError(f"random_state must be an int seed; got {self.random_state!r}")
+        check_seed(self.seed)
 
     # ------------------------------------------------------------ eigenpairs
     def _decomposition_key(self, dim: int) -> tuple:
         r = min(self.rank, dim)
         if self.decomposition == "eigh" or r + self.oversample >= dim:
             return ("eigh", r)
-        return ("randomized", r, self.oversample, self.n_iter, self.random_state)
+        return ("randomized", r, self.oversample, self.n_iter, self.seed)
 
     def _eigenpairs(self, stats: ClassStatistics, block: int):
         """``(U, s)`` of every class, reusing cached pairs of unchanged classes.
@@ -230,7 +232,7 @@ class LRRGDA(GaussianHead):
     def _decompose(self, covs, labels, key):
         return class_top_eigh(covs, key[1], labels, decomposition=key[0],
                               oversample=self.oversample, n_iter=self.n_iter,
-                              random_state=self.random_state)
+                              seed=self.seed)
 
     # ----------------------------------------------------------------- build
     def _build(self, stats, log_priors):
@@ -253,16 +255,16 @@ class LRRGDA(GaussianHead):
         B_inv = symmetrize(L_B_inv.T @ L_B_inv)
         B_inv_mu = mu @ B_inv
         # heads stored below float64 run the per-class products in float32: twice the GEMM rate
-        work = torch.float64 if self.dtype == torch.float64 else torch.float32
+        work = torch.float64 if self.dtype_ == torch.float64 else torch.float32
         B_inv_work = B_inv.to(work)
         labels = stats.classes
         C = len(labels)
         # rows are written block by block in the head's dtype: no float64 copy of all of them
-        rows = torch.empty(C, r + 1, d, dtype=self.dtype, device=self.device_)
+        rows = torch.empty(C, r + 1, d, dtype=self.dtype_, device=self.device_)
         bias = torch.empty(C, r + 1, dtype=torch.float64, device=self.device_)
         logdet_M = torch.empty(C, dtype=torch.float64, device=self.device_)
         kappa = torch.empty(C, r, dtype=torch.float64, device=self.device_)
-        rows[:, 0] = B_inv_mu.to(self.dtype)
+        rows[:, 0] = B_inv_mu.to(self.dtype_)
         for start in range(0, C, block):
             stop = min(C, start + block)
             pairs = [self._eig_cache[c] for c in labels[start:stop]]
@@ -276,7 +278,7 @@ class LRRGDA(GaussianHead):
             sigma2, W = sigma2.flip(-1).clamp_min(0.0), W.flip(-1)
             A = (W.transpose(1, 2).to(work) @ P) / (1.0 + sigma2).sqrt()[:, :, None].to(work)
             A = A.to(torch.float64)                                      # A^T A = P^T M^-1 P
-            rows[start:stop, 1:] = A.to(self.dtype)
+            rows[start:stop, 1:] = A.to(self.dtype_)
             bias[start:stop, 1:] = -(A @ mu[start:stop, :, None])[:, :, 0]
             logdet_M[start:stop] = torch.log1p(sigma2).sum(-1)
             kappa[start:stop] = sigma2 / (1.0 + sigma2)
@@ -291,7 +293,7 @@ class LRRGDA(GaussianHead):
         self.__dict__.pop("_screen_cache", None)
         super().fit(stats, model_terms=model_terms)
         for name, value in self._fitted_bounds.items():
-            setattr(self, name, value.to(device=self.device_, dtype=self.dtype))
+            setattr(self, name, value.to(device=self.device_, dtype=self.dtype_))
         del self._fitted_bounds
         self.linear_bias_ = self.bias_[:, 0].contiguous()
         return self
@@ -371,7 +373,7 @@ class LRRGDA(GaussianHead):
         if k > C:
             raise ValueError(f"k = {k} exceeds the number of classes ({C})")
         j = min(check_positive_int(screen_rank, "screen_rank", minimum=0), rows_per_class - 1)
-        screen = self._screen_dtype(screen_dtype) if j else self.dtype
+        screen = self._screen_dtype(screen_dtype) if j else self.dtype_
         if pruned not in ("auto", True, False):
             raise ValueError(f"pruned must be 'auto', True or False; got {pruned!r}")
         if (not pruned or (pruned == "auto" and C < AUTO_MIN_CLASSES)
@@ -417,13 +419,13 @@ class LRRGDA(GaussianHead):
 
     def _screen_dtype(self, requested) -> torch.dtype:
         if isinstance(requested, str) and requested == "auto":
-            return _fast_screen_dtype(self.dtype, self.device_)
+            return _fast_screen_dtype(self.dtype_, self.device_)
         dtype = getattr(torch, requested, None) if isinstance(requested, str) else requested
-        if dtype == self.dtype:
+        if dtype == self.dtype_:
             return dtype
         if dtype not in (torch.float32, torch.bfloat16) or \
-                torch.finfo(dtype).eps <= torch.finfo(self.dtype).eps:
-            raise ValueError(f"screen_dtype must be 'auto', the head's dtype ({self.dtype}) or a "
+                torch.finfo(dtype).eps <= torch.finfo(self.dtype_).eps:
+            raise ValueError(f"screen_dtype must be 'auto', the head's dtype ({self.dtype_}) or a "
                              f"lower precision of float32 and bfloat16; got {requested!r}")
         if self.device_.type != "cpu":
             raise ValueError(f"screen_dtype {dtype} is only certified on CPU, where products "
@@ -440,7 +442,7 @@ class LRRGDA(GaussianHead):
         if cached is not None and cached["key"] == (j, dtype):
             return cached
         quad = self.rows_[:, 1:1 + j]
-        lowered = dtype != self.dtype
+        lowered = dtype != self.dtype_
         bias = self.bias_[:, 1:1 + j]
         if lowered:
             bias = bias + _row_products(quad, self.center_)
@@ -454,12 +456,12 @@ class LRRGDA(GaussianHead):
         if lowered:
             # |computed - exact| <= eps ||a|| ||x - x0|| per row, plus the rounding of the
             # centred bias: over the j rows, ||error|| <= eps ||x - x0|| ||A_c[:j]||_F + beta_c
-            cached["eps"] = _lowered_gemm_error(dtype, self.dtype, self.rows_.shape[2])
+            cached["eps"] = _lowered_gemm_error(dtype, self.dtype_, self.rows_.shape[2])
             cached["frobenius"] = torch.linalg.vector_norm(quad, dim=(1, 2))
             # the centred bias is accurate to float64 products, then rounded to the head's dtype
             scale = (torch.linalg.vector_norm(bias, dim=1) + torch.linalg.vector_norm(
                 self.bias_[:, 1:1 + j], dim=1) + cached["frobenius"] * self.center_.norm())
-            cached["beta"] = torch.finfo(self.dtype).eps * scale
+            cached["beta"] = torch.finfo(self.dtype_).eps * scale
             cached["center"] = self.center_
         self._screen_cache = cached
         return cached
@@ -503,7 +505,7 @@ class LRRGDA(GaussianHead):
             size = torch.maximum(size, score.abs().amax(1, keepdim=True)
                                  + 2.0 * lin[:, a:b].abs().amax(1, keepdim=True)
                                  + offset[a:b].abs().max())
-        margin = 64 * torch.finfo(self.dtype).eps * (size + sq_norm)
+        margin = 64 * torch.finfo(self.dtype_).eps * (size + sq_norm)
         return lin, lower, upper, sq_norm, margin
 
     def _pruned_top_k(self, X: torch.Tensor, k: int, j: int, dtype: torch.dtype,

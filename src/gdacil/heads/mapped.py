@@ -21,23 +21,25 @@ from typing import Any, ClassVar
 
 import torch
 
-from .._validation import all_finite, as_features, as_labels, check_positive_int, finite_flag
+from .._validation import (
+    all_finite,
+    as_dtype,
+    as_features,
+    as_labels,
+    check_positive_int,
+    dtype_name,
+    finite_flag,
+)
 from ..feature_maps import FeatureMap
 from ..io import load_tensors, save_tensors
 from ..pooled_stats import PooledGaussians
 from .base import NotFittedError, checked_parameters, finite_scores, rescaled_scores
 
-__all__ = ["DEFAULT_MAX_BYTES", "MappedLinearHead", "check_budget", "dtype_from_name"]
+__all__ = ["DEFAULT_MAX_BYTES", "MappedLinearHead", "check_budget"]
 
 DEFAULT_MAX_BYTES = 16 * 2**30
-
-
-def dtype_from_name(name: str) -> torch.dtype:
-    """``torch.float32`` from ``"torch.float32"`` (how dtypes are written in saved metadata)."""
-    dtype = getattr(torch, str(name).removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {name!r}")
-    return dtype
+#: The dtypes a mapped head predicts in
+_DTYPES = ("float64", "float32")
 
 
 def check_budget(head, needed: int) -> None:
@@ -61,8 +63,9 @@ class MappedLinearHead(ABC):
 
     Parameters shared by every mapped head
     --------------------------------------
-    dtype : torch.dtype, default torch.float64
-        Dtype of prediction (the map and the weights). Statistics and solves are float64.
+    dtype : {"float64", "float32"} or torch.dtype, default "float64"
+        Dtype of prediction (the map and the weights). Statistics and solves are float64. The
+        solve sets ``dtype_``, the ``torch.dtype`` in use.
     max_bytes : int or None, default 16 GiB
         Largest state (statistics plus the solve's work space) the head accepts; larger
         configurations are refused with a message before any memory is allocated. ``None``
@@ -77,7 +80,7 @@ class MappedLinearHead(ABC):
         if cls.__dict__.get("_FORMAT"):
             MappedLinearHead._formats[cls._FORMAT] = cls
 
-    def __init__(self, *, dtype=torch.float64, max_bytes=DEFAULT_MAX_BYTES):
+    def __init__(self, *, dtype="float64", max_bytes=DEFAULT_MAX_BYTES):
         self.dtype = dtype
         self.max_bytes = max_bytes
 
@@ -113,8 +116,7 @@ class MappedLinearHead(ABC):
         """Combine fitted scalars when ``other`` is merged into ``self``."""
 
     def _check_params(self) -> None:
-        if self.dtype not in (torch.float32, torch.float64):
-            raise ValueError(f"dtype must be torch.float32 or torch.float64; got {self.dtype!r}")
+        as_dtype(self.dtype, allowed=_DTYPES)
         if self.max_bytes is not None:
             check_positive_int(self.max_bytes, "max_bytes")
 
@@ -196,7 +198,7 @@ class MappedLinearHead(ABC):
         """
         if type(other) is not type(self):
             raise TypeError(f"cannot merge a {type(other).__name__} into a {type(self).__name__}")
-        if _comparable(other.get_params()) != _comparable(self.get_params()):
+        if _jsonable(other.get_params()) != _jsonable(self.get_params()):
             raise ValueError(f"cannot merge heads with different parameters: {other!r} into {self!r}")
         if not hasattr(other, "stats_"):
             return self
@@ -222,12 +224,12 @@ class MappedLinearHead(ABC):
         self._start_state()
 
     def _reset(self) -> None:
-        for name in ("feature_map_", "n_features_in_", "stats_", "coef_", "intercept_"):
+        for name in ("feature_map_", "n_features_in_", "stats_", "coef_", "intercept_", "dtype_"):
             self.__dict__.pop(name, None)
 
     def _invalidate(self) -> None:
-        self.__dict__.pop("coef_", None)
-        self.__dict__.pop("intercept_", None)
+        for name in ("coef_", "intercept_", "dtype_"):
+            self.__dict__.pop(name, None)
 
     def solve(self) -> MappedLinearHead:
         """Solve the weights now, if the statistics changed since the last solve (otherwise the
@@ -239,8 +241,11 @@ class MappedLinearHead(ABC):
         if not hasattr(self, "stats_"):
             raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit(X, y) first")
         if not hasattr(self, "coef_"):
-            W, b = self._solve(self.stats_)
-            self.coef_, self.intercept_ = checked_parameters(self, self.dtype, W.device, W, b)
+            self._set_weights(*self._solve(self.stats_))
+
+    def _set_weights(self, W: torch.Tensor, b: torch.Tensor) -> None:
+        self.dtype_ = as_dtype(self.dtype, allowed=_DTYPES)
+        self.coef_, self.intercept_ = checked_parameters(self, self.dtype_, W.device, W, b)
 
     @property
     def classes_(self) -> torch.Tensor:
@@ -252,7 +257,7 @@ class MappedLinearHead(ABC):
     # ------------------------------------------------------------------ scoring
     def _score_chunks(self, X):
         self._ensure_solved()
-        for start, stop, Z in self.feature_map_.iter_chunks(X, dtype=self.dtype):
+        for start, stop, Z in self.feature_map_.iter_chunks(X, dtype=self.dtype_):
             yield start, stop, torch.addmm(self.intercept_, Z, self.coef_.T)
 
     def _scores64(self, X) -> torch.Tensor:
@@ -271,7 +276,7 @@ class MappedLinearHead(ABC):
         self._ensure_solved()
         out = torch.cat([scores for _, _, scores in self._score_chunks(X)])
         if not all_finite(out):
-            out = rescaled_scores(self, self._scores64(X), self.dtype)
+            out = rescaled_scores(self, self._scores64(X), self.dtype_)
         return out
 
     def predict(self, X) -> torch.Tensor:
@@ -316,9 +321,7 @@ class MappedLinearHead(ABC):
         self._ensure_solved()
         tensors = {f"stats.{k}": v for k, v in self.stats_.state_dict().items()}
         tensors.update({"coef": self.coef_, "intercept": self.intercept_})
-        params = {k: (str(v) if isinstance(v, torch.dtype) else _jsonable(v))
-                  for k, v in self.get_params().items()}
-        meta = {"format": self._FORMAT, "params": params, "feature_map": self.feature_map_.to_dict(),
+        meta = {"format": self._FORMAT, "params": _jsonable(self.get_params()), "feature_map": self.feature_map_.to_dict(),
                 "state": self._fitted_state()}
         save_tensors(path, tensors, meta)
 
@@ -331,7 +334,6 @@ class MappedLinearHead(ABC):
         if target is None or (cls is not MappedLinearHead and target is not cls):
             raise ValueError(f"{path}: not a {cls.__name__} file (format {fmt!r})")
         params = dict(meta["params"])
-        params["dtype"] = dtype_from_name(params["dtype"])
         if isinstance(params.get("priors"), dict):  # JSON keys are strings; labels are ints
             params["priors"] = {int(k): v for k, v in params["priors"].items()}
         head = target(**params)
@@ -350,7 +352,7 @@ class MappedLinearHead(ABC):
                              f"{stats.n_classes} classes in dimension {stats.dim}")
         if not (all_finite(coef) and all_finite(intercept)):
             raise ValueError(f"{path}: the solved weights contain NaN or inf")
-        head.coef_, head.intercept_ = checked_parameters(head, head.dtype, "cpu", coef, intercept)
+        head._set_weights(coef, intercept)
         return head
 
     # ------------------------------------------------------------------ params
@@ -365,6 +367,8 @@ class MappedLinearHead(ABC):
 
 
 def _jsonable(value):
+    if isinstance(value, torch.dtype):
+        return dtype_name(value)
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -377,7 +381,3 @@ def _jsonable(value):
 def _settings(fmap: FeatureMap) -> dict:
     """A map's configuration without its data-dependent resolved values (``name_``)."""
     return {k: v for k, v in fmap._config().items() if not k.endswith("_")}
-
-
-def _comparable(params: dict) -> dict:
-    return {k: (str(v) if isinstance(v, torch.dtype) else _jsonable(v)) for k, v in params.items()}

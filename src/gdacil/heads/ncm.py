@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from .base import GaussianHead, stack_rows
 
 __all__ = ["NCM"]
@@ -32,7 +30,7 @@ class NCM(GaussianHead):
     [1]
     """
 
-    def __init__(self, metric="euclidean", *, priors=None, device=None, dtype=torch.float64,
+    def __init__(self, metric="euclidean", *, priors=None, device=None, dtype="float64",
                  class_batch_size="auto"):
         super().__init__(priors=priors, device=device, dtype=dtype, class_batch_size=class_batch_size)
         self.metric = metric

@@ -105,7 +105,7 @@ class RBFLDA(MappedLinearHead):
     _FORMAT = "gdacil.RBFLDA/1"
 
     def __init__(self, dim_out=5000, bandwidth="auto", shrinkage="oas", *, seed=0, priors=None,
-                 dtype=torch.float64, max_bytes=DEFAULT_MAX_BYTES):
+                 dtype="float64", max_bytes=DEFAULT_MAX_BYTES):
         super().__init__(dtype=dtype, max_bytes=max_bytes)
         self.dim_out = dim_out
         self.bandwidth = bandwidth

@@ -101,7 +101,7 @@ class RGDA(GaussianHead):
     """
 
     def __init__(self, alpha1=PAPER_ALPHAS[0], alpha2=PAPER_ALPHAS[1], alpha3=PAPER_ALPHAS[2], *,
-                 identity_scale="trace", priors=None, device=None, dtype=torch.float64,
+                 identity_scale="trace", priors=None, device=None, dtype="float64",
                  class_batch_size="auto"):
         super().__init__(priors=priors, device=device, dtype=dtype, class_batch_size=class_batch_size)
         self.alpha1 = alpha1
@@ -163,7 +163,7 @@ class QDA(RGDA):
     torch.Size([3])
     """
 
-    def __init__(self, reg_param=0.0, *, priors=None, device=None, dtype=torch.float64,
+    def __init__(self, reg_param=0.0, *, priors=None, device=None, dtype="float64",
                  class_batch_size="auto"):
         GaussianHead.__init__(self, priors=priors, device=device, dtype=dtype,
                               class_batch_size=class_batch_size)

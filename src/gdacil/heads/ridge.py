@@ -134,7 +134,7 @@ class RanPAC(RidgeHead):
     _FORMAT = "gdacil.RanPAC/1"
 
     def __init__(self, dim_out=10_000, lam="auto", *, seed=0, lam_grid=DEFAULT_LAMBDA_GRID,
-                 train_fraction=0.8, dtype=torch.float64, max_bytes=DEFAULT_MAX_BYTES):
+                 train_fraction=0.8, dtype="float64", max_bytes=DEFAULT_MAX_BYTES):
         super().__init__(dtype=dtype, max_bytes=max_bytes)
         self.dim_out = dim_out
         self.lam = lam
@@ -225,7 +225,7 @@ class ACIL(RidgeHead):
 
     _FORMAT = "gdacil.ACIL/1"
 
-    def __init__(self, buffer_size=8192, gamma=0.1, *, seed=0, dtype=torch.float64,
+    def __init__(self, buffer_size=8192, gamma=0.1, *, seed=0, dtype="float64",
                  max_bytes=DEFAULT_MAX_BYTES):
         super().__init__(dtype=dtype, max_bytes=max_bytes)
         self.buffer_size = buffer_size

@@ -6,7 +6,8 @@ import math
 
 import torch
 
-from .._validation import check_nonnegative, check_positive_int, finite_flag
+from .._deprecation import renamed_parameters
+from .._validation import check_nonnegative, check_positive_int, check_seed, finite_flag
 from .base import GaussianHead, stack_rows
 
 __all__ = ["SGDHead"]
@@ -28,7 +29,7 @@ class SGDHead(GaussianHead):
     weights, so the head is the same whatever the units of the features.
 
     Every draw (initial weights, pools, minibatches) comes from a generator seeded with
-    ``random_state``: two fits on the same statistics give identical heads.
+    ``seed``: two fits on the same statistics give identical heads.
 
     Parameters
     ----------
@@ -39,7 +40,9 @@ class SGDHead(GaussianHead):
     resample_every : int, default 1000
     patience : int or None, default 100
     ema : float, default 0.99
-    random_state : int, default 0
+    seed : int, default 0
+        Every random choice (initial weights, pools, minibatches) takes this seed. The former
+        name ``random_state`` is a deprecated alias.
     priors, device, dtype, class_batch_size
         See :class:`~gdacil.heads.base.GaussianHead`. Priors other than uniform shift the biases
         by ``log(C pi_c)``, since the pool is class-balanced.
@@ -67,9 +70,10 @@ class SGDHead(GaussianHead):
     True
     """
 
+    @renamed_parameters(random_state="seed")
     def __init__(self, *, samples_per_class=256, base_steps=5000, steps_per_class=4, batch_size=128,
                  lr=1e-3, min_lr=1e-4, weight_decay=1e-4, resample_every=1000, patience=100,
-                 ema=0.99, random_state=0, priors=None, device=None, dtype=torch.float64,
+                 ema=0.99, seed=0, priors=None, device=None, dtype="float64",
                  class_batch_size="auto"):
         super().__init__(priors=priors, device=device, dtype=dtype, class_batch_size=class_batch_size)
         self.samples_per_class = samples_per_class
@@ -82,7 +86,7 @@ class SGDHead(GaussianHead):
         self.resample_every = resample_every
         self.patience = patience
         self.ema = ema
-        self.random_state = random_state
+        self.seed = seed
 
     def _check_params(self) -> None:
         super()._check_params()
@@ -96,8 +100,7 @@ class SGDHead(GaussianHead):
             check_positive_int(self.patience, "patience")
         if not 0.0 <= float(self.ema) < 1.0:
             raise ValueError(f"ema must lie in [0, 1); got {self.ema!r}")
-        if not isinstance(self.random_state, int):
-            raise ValueError(f"random_state must be an int seed; got {self.random_state!r}")
+        check_seed(self.seed)
 
     def n_steps_for(self, n_classes: int) -> int:
         """The step budget ``T = base_steps + steps_per_class * C``."""
@@ -110,7 +113,7 @@ class SGDHead(GaussianHead):
 
     def _build(self, stats, log_priors):
         C, d = stats.n_classes, stats.dim
-        gen = torch.Generator().manual_seed(self.random_state)
+        gen = torch.Generator().manual_seed(self.seed)
         total = self.n_steps_for(C)
         if total < 1:
             raise ValueError("SGDHead: base_steps + steps_per_class * C must be at least 1")

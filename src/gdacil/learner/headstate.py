@@ -3,7 +3,7 @@
 Refitting is exact but not cheap: LR-RGDA decomposes every class covariance (a second per class
 at 1280 dimensions on one CPU core). A head built from statistics keeps what it predicts with
 in its public fitted attributes (scikit-learn's convention: names ending in ``_``): tensors
-(``rows_``, ``bias_``, ...), numbers, strings, lists and a device. :func:`head_state` collects
+(``rows_``, ``bias_``, ...), numbers, strings, lists, a device and a dtype. :func:`head_state` collects
 them, :func:`restore_head` sets them on a new head of the same class and parameters, which then
 scores exactly as the saved one did. A head whose fitted state holds anything else (FeCAM keeps
 its statistics object) has no stored state, and is refitted on load instead.
@@ -22,9 +22,11 @@ import json
 
 import torch
 
+from .._validation import as_dtype, dtype_name
+
 __all__ = ["bind_eigenpairs", "head_state", "restore_head"]
 
-_DEVICE = "__torch_device__"
+_DEVICE, _DTYPE = "__torch_device__", "__torch_dtype__"
 
 
 def _jsonable(value) -> bool:
@@ -48,6 +50,8 @@ def head_state(head, stats=None) -> tuple[dict[str, torch.Tensor], dict] | None:
             tensors[name] = value.detach().clone(memory_format=torch.contiguous_format)
         elif isinstance(value, torch.device):
             values[name] = {_DEVICE: str(value)}
+        elif isinstance(value, torch.dtype):
+            values[name] = {_DTYPE: dtype_name(value)}
         elif isinstance(value, (bool, int, float, str, list)) and _jsonable(value):
             values[name] = value
         else:
@@ -96,9 +100,14 @@ def restore_head(head, tensors: dict[str, torch.Tensor], metadata: dict):
                          f"{type(head).__name__!r}")
     tensors = dict(tensors)
     U, s = tensors.pop(_CACHE_U, None), tensors.pop(_CACHE_S, None)
-    for name, value in metadata["attributes"].items():
+    attributes = dict(metadata["attributes"])
+    if "rows_" in tensors and "dtype_" not in attributes:  # stored before heads recorded dtype_
+        attributes["dtype_"] = {_DTYPE: dtype_name(tensors["rows_"].dtype)}
+    for name, value in attributes.items():
         if isinstance(value, dict) and set(value) == {_DEVICE}:
             value = torch.device(value[_DEVICE])
+        elif isinstance(value, dict) and set(value) == {_DTYPE}:
+            value = as_dtype(value[_DTYPE])
         setattr(head, name, value)
     device = getattr(head, "device_", None)
     for name, t in tensors.items():
