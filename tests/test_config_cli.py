@@ -40,6 +40,8 @@ heads:
         ("protocol: {datasets: [x], seed: 1}\n", [], "protocol.seed: .*top-level `seeds`"),
         ("heads: {svm: {}}\n", [], "unknown head 'svm'"),
         ("heads: {lda: {rank: 3}}\n", [], "head 'lda' has no parameter"),
+        ("heads: {ncm: {defaults: paper}}\n", [], r"head 'ncm' has no preset 'paper' \(its presets: none"),
+        ("heads: {lda: {defaults: best}}\n", [], r"head 'lda' has no preset 'best' \(its presets: 'paper'"),
         ("seeds: []\n", [], "at least one seed"),
         ("ddof: 2\n", [], "ddof must be 0 or 1"),
         ("- a\n- b\n", [], "top level must be a mapping"),
@@ -51,6 +53,18 @@ heads:
 def test_bad_configs_get_clear_errors(tmp_path, text, override, match):
     with pytest.raises(ConfigError, match=match):
         load_config(write(tmp_path, text), override)
+
+
+def test_heads_take_the_paper_preset_with_overrides(tmp_path):
+    from gdacil.heads import LDA, LRRGDA
+
+    cfg = load_config(write(tmp_path, "heads:\n  lr_rgda: {rank: 8, defaults: paper}\n"
+                                      "  lda: {name: lda, defaults: paper}\n  rgda: {}\n"))
+    assert repr(cfg.heads["lr_rgda"].build()) == repr(LRRGDA.paper(rank=8))
+    assert repr(cfg.heads["lda"].build()) == repr(LDA.paper())
+    assert cfg.heads["rgda"].build().identity_scale == "samples"  # gdacil's defaults otherwise
+    again = ExperimentConfig.from_dict(cfg.to_dict())
+    assert again.heads == cfg.heads
 
 
 def test_missing_config_file_names_the_path(tmp_path):
@@ -214,7 +228,7 @@ def test_a_wrong_type_names_its_dotted_path(tmp_path, override, match):
         ("backbone.colour=red", r"^backbone: unknown key\(s\) \['colour'\]; known: name, options"),
         ("anchors.size=3", r"^anchors: unknown key\(s\) \['size'\]"),
         ("statistics.q=3", r"^statistics: unknown key\(s\) \['q'\]"),
-        ("heads.low.rank=3", r"^heads\.low: unknown key\(s\) \['rank'\]; known: name, params$"),
+        ("heads.low.rank=3", r"^heads\.low: unknown key\(s\) \['rank'\]; known: name, params, defaults$"),
     ],
 )
 def test_unknown_nested_keys_are_refused(tmp_path, override, match):

@@ -164,9 +164,16 @@ class TestCosineNCM(HeadContract):
 
 
 def mean_variance(stats):
-    """``tr(Sigma_avg) / d`` from the class covariances one by one: the unit of the default
-    (``identity_scale="trace"``) identity terms."""
+    """``tr(Sigma_avg) / d`` from the class covariances one by one: the unit of LDA's shrinkage
+    target and of ``identity_scale="trace"``."""
     return torch.stack([c.trace() for c in stats.covariances()]).mean() / stats.dim
+
+
+def per_sample_variance(stats):
+    """``tr(Sigma_avg) / (N - C)``: the unit of RGDA's and LR-RGDA's default identity term
+    (``identity_scale="samples"``), from the counts one by one."""
+    dof = sum(float(n) - 1.0 for n in stats.counts)
+    return mean_variance(stats) * stats.dim / dof
 
 
 class TestLDA(HeadContract):
@@ -190,20 +197,31 @@ class TestPaperLDA(TestLDA):
 
 class TestRGDA(HeadContract):
     exact_scores = True
-    unit = staticmethod(mean_variance)
+    unit = staticmethod(per_sample_variance)
+    alphas = (0.1, 2.0, 0.6)
 
     def make_head(self, **kw):
         return RGDA(**kw)
 
     def reference(self, stats, X):
+        a1, a2, a3 = self.alphas
         eye = torch.eye(stats.dim, dtype=torch.float64)
-        covs = (0.2 * stats.covariances() + 2.0 * stats.average_covariance()
-                + 0.5 * self.unit(stats) * eye)
+        covs = (a1 * stats.covariances() + a2 * stats.average_covariance()
+                + a3 * self.unit(stats) * eye)
         return gaussian_scores(X, stats.means, covs, uniform(stats))
+
+
+class TestTraceRGDA(TestRGDA):
+    unit = staticmethod(mean_variance)
+    alphas = (0.2, 2.0, 0.5)
+
+    def make_head(self, **kw):
+        return RGDA(*self.alphas, identity_scale="trace", **kw)
 
 
 class TestPaperRGDA(TestRGDA):
     unit = staticmethod(lambda stats: 1.0)
+    alphas = (0.2, 2.0, 0.5)
 
     def make_head(self, **kw):
         return RGDA.paper(**kw)
@@ -211,7 +229,8 @@ class TestPaperRGDA(TestRGDA):
 
 class TestLRRGDA(HeadContract):
     rank = 3
-    unit = staticmethod(mean_variance)
+    unit = staticmethod(per_sample_variance)
+    alphas = (0.1, 2.0, 0.6)
 
     def make_head(self, **kw):
         return LRRGDA(rank=self.rank, decomposition="eigh", **kw)
@@ -220,12 +239,14 @@ class TestLRRGDA(HeadContract):
         U, s = top_eigh(stats.covariances(), self.rank)
         truncated = U @ torch.diag_embed(s) @ U.transpose(1, 2)
         eye = torch.eye(stats.dim, dtype=torch.float64)
-        covs = 0.2 * truncated + 2.0 * stats.average_covariance() + 0.5 * self.unit(stats) * eye
+        a1, a2, a3 = self.alphas
+        covs = a1 * truncated + a2 * stats.average_covariance() + a3 * self.unit(stats) * eye
         return gaussian_scores(X, stats.means, covs, uniform(stats))
 
 
 class TestPaperLRRGDA(TestLRRGDA):
     unit = staticmethod(lambda stats: 1.0)
+    alphas = (0.2, 2.0, 0.5)
 
     def make_head(self, **kw):
         return LRRGDA.paper(rank=self.rank, decomposition="eigh", **kw)
@@ -255,7 +276,7 @@ def test_lrrgda_full_rank_equals_rgda_up_to_a_per_sample_constant(seed):
         assert torch.equal(low.argmax(1), full.argmax(1))
         # the constant is exactly 1/2 x^T B^{-1} x
         B = (2.0 * stats.average_covariance()
-             + 0.5 * mean_variance(stats) * torch.eye(stats.dim, dtype=torch.float64))
+             + 0.6 * per_sample_variance(stats) * torch.eye(stats.dim, dtype=torch.float64))
         const = 0.5 * (X * torch.linalg.solve(B, X.T).T).sum(1)
         assert (diff[:, 0] - const).abs().max() <= 1e-8
 
@@ -679,13 +700,17 @@ def test_paper_presets_depend_on_the_units(make):
 def test_identity_scale_is_recorded_and_falls_back_for_classes_without_variance():
     stats, _, _ = make_stats(seed=3, few_shot=())
     head = LRRGDA(rank=3).fit(stats)
-    assert head.identity_scale_ == pytest.approx(float(mean_variance(stats)), rel=1e-12)
+    assert head.identity_scale_ == pytest.approx(float(per_sample_variance(stats)), rel=1e-12)
+    trace = LRRGDA(rank=3, identity_scale="trace").fit(stats)
+    assert trace.identity_scale_ == pytest.approx(float(mean_variance(stats)), rel=1e-12)
     assert LRRGDA.paper(rank=3).fit(stats).identity_scale_ == 1.0
-    # one sample per class: the spread of the class means around their centre, (1 + 1) / 2
+    # one sample per class: the spread of the class means around their centre, (1 + 1) / 2,
+    # times d / max(N - C, 1) = 2 for "samples"
     points = ClassGaussians(2).update(torch.tensor([[0.0, 1.0], [2.0, 3.0]]), [0, 1])
-    assert RGDA().fit(points).identity_scale_ == pytest.approx(1.0, rel=1e-12)
+    assert RGDA(identity_scale="trace").fit(points).identity_scale_ == pytest.approx(1.0, rel=1e-12)
+    assert RGDA().fit(points).identity_scale_ == pytest.approx(2.0, rel=1e-12)
     scaled = ClassGaussians(2).update(torch.tensor([[0.0, 3.0], [6.0, 9.0]]), [0, 1])
-    assert RGDA().fit(scaled).identity_scale_ == pytest.approx(9.0, rel=1e-12)
+    assert RGDA(identity_scale="trace").fit(scaled).identity_scale_ == pytest.approx(9.0, rel=1e-12)
     with pytest.raises(ValueError, match="identity_scale must be one of"):
         LRRGDA(identity_scale="relative").fit(stats)
 

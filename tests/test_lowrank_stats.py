@@ -116,10 +116,11 @@ def test_lrrgda_rank_above_the_stored_rank_is_a_clear_error():
         LRRGDA(rank=5).fit(low)
 
 
-def rgda_reference(stats, X, alphas=(0.2, 2.0, 0.5)):
+def rgda_reference(stats, X, alphas=(0.1, 2.0, 0.6)):
     """RGDA log-posteriors (up to a per-sample constant) by a direct solve per class."""
     avg, eye = stats.average_covariance(), torch.eye(stats.dim, dtype=torch.float64)
-    eye = eye * avg.trace() / stats.dim  # the default identity term is in units of tr(avg) / d
+    dof = float(stats.counts.sum()) - stats.n_classes
+    eye = eye * avg.trace() / dof  # the default identity term is in units of tr(avg) / (N - C)
     scores = []
     for mu, cov in zip(stats.means, stats.covariances()):
         S = alphas[0] * cov + alphas[1] * avg + alphas[2] * eye

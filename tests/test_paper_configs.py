@@ -28,6 +28,7 @@ from gdacil.cil import ConfigError, load_config, run_experiment
 from gdacil.cil.runner import build_feature_backbone
 from gdacil.cli import main, shipped_configs
 from gdacil.data import CROSS_DOMAIN_DATASETS, DataNotFoundError, build_dataset, read_cifar_pickle
+from gdacil.heads import LDA, LRRGDA
 
 from _assets import TINY_VIT, needs_transformers
 from _paper_fixtures import (
@@ -152,8 +153,11 @@ def test_paper_config_runs_end_to_end_on_a_miniature(name, tmp_path):
     assert cfg.anchors.dataset == shipped["anchors"]["dataset"] == "imagenet"
     assert shipped["anchors"]["n"] == 1024 and cfg.anchors.n == ANCHORS_N
     assert cfg.anchors.include_current == shipped["anchors"]["include_current"]
-    assert {k: h.params for k, h in cfg.heads.items() if k != "sgd"} == {
-        k: v for k, v in shipped["heads"].items() if k != "sgd"}
+    assert {k: {**h.params, "defaults": h.defaults} for k, h in cfg.heads.items()
+            if k != "sgd"} == {k: v for k, v in shipped["heads"].items() if k != "sgd"}
+    # the paper's heads: absolute identity terms, the paper's alphas
+    assert repr(cfg.heads["lr_rgda"].build()) == repr(LRRGDA.paper(rank=64))
+    assert repr(cfg.heads["lda"].build()) == repr(LDA.paper())
 
     backbone = build_feature_backbone(cfg)  # ViT-B/16's class, tiny and randomly initialised
     assert type(backbone.model).__name__ == "ViTModel" and backbone.final_norm == "nonaffine_ln"

@@ -96,10 +96,11 @@ Statistics are accumulated in float64 on the CPU. The head is built in float64 a
 ``dtype`` (default ``"float64"``) on ``device`` (default CPU): ``device="cuda",
 dtype="float32"`` builds and scores on a GPU. The mapped heads run on the CPU (no ``device``) and
 take ``dtype`` ``"float64"`` or ``"float32"``. Outputs are numpy arrays either way. The class
-covariances use ``1/n`` (as scikit-learn >= 1.8's QDA does). The identity terms of RGDA, LR-RGDA
-(``alpha3``) and LDA (the shrinkage target) are measured in units of ``tr(Sigma_avg) / d``, the
-mean per-dimension within-class variance, so predictions are the same whatever the units of the
-features (raw, LayerNorm or L2-normalised embeddings). ``identity_scale="absolute"`` (RGDA,
+covariances use ``1/n`` (as scikit-learn >= 1.8's QDA does). The identity terms of RGDA and
+LR-RGDA (``alpha3``) are measured in units of ``tr(Sigma_avg) / (N - C)``, the mean
+per-dimension within-class variance times ``d / (N - C)`` for ``N`` samples of ``C`` classes,
+and LDA's shrinkage target in units of ``tr(Sigma_avg) / d``, so predictions are the same
+whatever the units of the features (raw, LayerNorm or L2-normalised embeddings). ``identity_scale="absolute"`` (RGDA,
 LR-RGDA) and ``shrinkage_target="identity"`` (LDA) give the paper's absolute forms, which assume
 features of scale about 1. QDA's ``reg_param`` is absolute, as in scikit-learn.
 
@@ -153,7 +154,7 @@ from ._validation import as_dtype
 from .heads import ACIL, LDA, LRRGDA, NCM, QDA, RBFLDA, RGDA, FeCAM, RanPAC
 from .heads.base import warn_unless_normalised
 from .heads.mapped import DEFAULT_MAX_BYTES
-from .heads.rgda import PAPER_ALPHAS
+from .heads.rgda import DEFAULT_ALPHAS
 from .heads.ridge import RidgeHead
 from .heads.ridge_lambda import DEFAULT_LAMBDA_GRID
 from .stats import ClassGaussians
@@ -676,13 +677,15 @@ class RGDAClassifier(_GaussianClassifier):
     """Regularised Gaussian discriminant analysis (:class:`gdacil.heads.RGDA`).
 
     Class covariances are ``alpha1 Sigma_c + alpha2 Sigma_avg + alpha3 u I`` with
-    ``u = tr(Sigma_avg) / d`` (``identity_scale="trace"``) or ``u = 1`` (``"absolute"``, the
-    paper's; see the module notes).
+    ``u = tr(Sigma_avg) / (N - C)`` for ``N`` samples of ``C`` classes
+    (``identity_scale="samples"``), ``u = tr(Sigma_avg) / d`` (``"trace"``) or ``u = 1``
+    (``"absolute"``, the paper's; see the module notes).
 
     Parameters
     ----------
-    alpha1, alpha2, alpha3 : float >= 0, default (0.2, 2.0, 0.5)
-    identity_scale : {"trace", "absolute"}, default "trace"
+    alpha1, alpha2, alpha3 : float >= 0, default (0.1, 2.0, 0.6)
+        gdacil's defaults; the paper's are (0.2, 2.0, 0.5) with ``identity_scale="absolute"``.
+    identity_scale : {"samples", "trace", "absolute"}, default "samples"
     {shared_parameters}
 
     Attributes
@@ -703,8 +706,8 @@ class RGDAClassifier(_GaussianClassifier):
 
     _head_class = RGDA
 
-    def __init__(self, alpha1=PAPER_ALPHAS[0], alpha2=PAPER_ALPHAS[1], alpha3=PAPER_ALPHAS[2], *,
-                 identity_scale="trace", priors=None, device=None, dtype="float64",
+    def __init__(self, alpha1=DEFAULT_ALPHAS[0], alpha2=DEFAULT_ALPHAS[1],
+                 alpha3=DEFAULT_ALPHAS[2], *, identity_scale="samples", priors=None, device=None, dtype="float64",
                  class_batch_size="auto"):
         super().__init__(priors=priors, device=device, dtype=dtype,
                          class_batch_size=class_batch_size)
@@ -722,7 +725,7 @@ class LRRGDAClassifier(_GaussianClassifier):
     """Low-rank regularised Gaussian discriminant analysis, the paper's LR-RGDA
     (:class:`gdacil.heads.LRRGDA`).
 
-    Each class covariance is the shared base ``alpha2 Sigma_avg + alpha3 I`` plus ``alpha1`` times
+    Each class covariance is the shared base ``alpha2 Sigma_avg + alpha3 u I`` plus ``alpha1`` times
     the class covariance's top-``rank`` eigenpairs. ``partial_fit`` re-decomposes only new or
     changed classes (``head_.n_decomposed_``).
 
@@ -730,10 +733,12 @@ class LRRGDAClassifier(_GaussianClassifier):
     ----------
     rank : int, default 64
         Rank of each class's covariance perturbation (``rank >= n_features`` is full RGDA).
-    alpha1, alpha2, alpha3 : float >= 0, default (0.2, 2.0, 0.5)
-        The paper's values; ``alpha3`` is in units of ``tr(Sigma_avg) / d`` by default.
-    identity_scale : {"trace", "absolute"}, default "trace"
-        ``"absolute"`` is the paper's form, which assumes features of scale about 1.
+    alpha1, alpha2, alpha3 : float >= 0, default (0.1, 2.0, 0.6)
+        gdacil's defaults; the paper's are (0.2, 2.0, 0.5) with ``identity_scale="absolute"``.
+    identity_scale : {"samples", "trace", "absolute"}, default "samples"
+        The unit ``u`` of the identity term: ``tr(Sigma_avg) / (N - C)`` for ``N`` samples of
+        ``C`` classes, ``tr(Sigma_avg) / d``, or 1 (the paper's form, which assumes features of
+        scale about 1).
     decomposition : {"eigh", "randomized"}, default "eigh"
     oversample : int, default 16
     n_iter : int, default 4
@@ -768,8 +773,8 @@ class LRRGDAClassifier(_GaussianClassifier):
     _head_class = LRRGDA
 
     @renamed_parameters(random_state="seed")
-    def __init__(self, rank=64, alpha1=PAPER_ALPHAS[0], alpha2=PAPER_ALPHAS[1],
-                 alpha3=PAPER_ALPHAS[2], *, identity_scale="trace", decomposition="eigh",
+    def __init__(self, rank=64, alpha1=DEFAULT_ALPHAS[0], alpha2=DEFAULT_ALPHAS[1],
+                 alpha3=DEFAULT_ALPHAS[2], *, identity_scale="samples", decomposition="eigh",
                  oversample=16, n_iter=4, seed=0, priors=None, device=None, dtype="float64",
                  class_batch_size="auto"):
         super().__init__(priors=priors, device=device, dtype=dtype,

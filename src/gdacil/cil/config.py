@@ -88,7 +88,9 @@ class BackboneConfig(TypedConfig):
 
 @dataclass
 class HeadConfig(TypedConfig):
-    """One head to build after every task: a registered ``name`` and its parameters.
+    """One head to build after every task: a registered ``name``, its parameters, and
+    optionally ``defaults: paper``, the paper's preset (``LDA.paper()``, ``RGDA.paper()``,
+    ``LRRGDA.paper()``) that the parameters then override.
 
     A streaming head (``gdacil.heads.STREAMING_HEADS``: ``ranpac``, ``acil``, ``rbf_lda``) is not
     built from class statistics: it takes each task's training features (``partial_fit``), once
@@ -97,6 +99,7 @@ class HeadConfig(TypedConfig):
 
     name: str = "lr_rgda"
     params: dict = field(default_factory=dict)
+    defaults: str | None = None
 
     @property
     def streaming(self) -> bool:
@@ -107,9 +110,16 @@ class HeadConfig(TypedConfig):
 
     def build(self):
         """A new, unfitted head."""
-        from ..heads import build_head
+        from ..heads import head_class
 
-        return build_head(self.name, **self.params)
+        cls = head_class(self.name)
+        if self.defaults is None:
+            return cls(**self.params)
+        if self.defaults != "paper" or not hasattr(cls, "paper"):
+            presets = "'paper'" if hasattr(cls, "paper") else "none"
+            raise ValueError(f"head {self.name!r} has no preset {self.defaults!r} (its presets: "
+                             f"{presets})")
+        return cls.paper(**self.params)
 
 
 @dataclass
@@ -287,7 +297,10 @@ def _heads(value, where: str) -> dict[str, HeadConfig]:
         if "name" in spec or "params" in spec:
             head = HeadConfig.from_dict(spec, where=path)
         else:
-            head = HeadConfig(name=str(label), params=dict(spec))
+            params = dict(spec)
+            defaults = params.pop("defaults", None)
+            head = HeadConfig.from_dict({"name": str(label), "params": params,
+                                         "defaults": defaults}, where=path)
         _check_head_params(head, path)
         out[str(label)] = head
     return out

@@ -231,6 +231,14 @@ class GaussianHead(ABC):
         terms = getattr(self, "_model_terms", None)
         return stats.average_covariance() if terms is None else terms.average_covariance
 
+    def _model_size(self, stats: ClassStatistics) -> tuple[int, float]:
+        """``(classes, samples)`` of the model being fitted: of ``model_terms`` when given, else
+        of ``stats``."""
+        terms = getattr(self, "_model_terms", None)
+        if terms is None:
+            return stats.n_classes, float(stats.counts.sum())
+        return terms.n_classes, terms.total_count
+
     def _log_priors(self, stats: ClassStatistics) -> torch.Tensor:
         terms = getattr(self, "_model_terms", None)
         if terms is not None:

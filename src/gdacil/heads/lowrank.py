@@ -1,6 +1,6 @@
 """LR-RGDA: RGDA whose class covariances are rank-r perturbations of a shared base.
 
-With ``B = alpha2 Sigma_avg + alpha3 I`` and the top-r eigenpairs ``(U_c, s_c)`` of ``Sigma_c``,
+With ``B = alpha2 Sigma_avg + alpha3 u I`` (``u`` the unit of ``identity_scale``) and the top-r eigenpairs ``(U_c, s_c)`` of ``Sigma_c``,
 ``Sigma_c^reg ~= B + Ut_c Ut_c^T`` where ``Ut_c = sqrt(alpha1) U_c diag(sqrt(s_c))``. Woodbury and
 the matrix determinant lemma give, with ``M_c = I_r + Ut_c^T B^{-1} Ut_c``::
 
@@ -33,7 +33,13 @@ from ..linalg import class_top_eigh, logdet_from_cholesky, psd_cholesky, symmetr
 from ..lowrank_stats import LowRankGaussians
 from ..stats import ClassStatistics
 from .base import GaussianHead
-from .rgda import PAPER_ALPHAS, base_covariance_terms, check_alphas, check_identity_scale
+from .rgda import (
+    DEFAULT_ALPHAS,
+    PAPER_ALPHAS,
+    base_covariance_terms,
+    check_alphas,
+    check_identity_scale,
+)
 
 __all__ = ["LRRGDA"]
 
@@ -102,12 +108,15 @@ class LRRGDA(GaussianHead):
     ----------
     rank : int, default 64
         Rank ``r`` of each class's covariance perturbation (``r = d`` reproduces :class:`RGDA`).
-    alpha1, alpha2, alpha3 : float >= 0, default (0.2, 2.0, 0.5)
-        ``alpha2 Sigma_avg + alpha3 I`` must be positive definite (``alpha3 > 0`` guarantees it).
-    identity_scale : {"trace", "absolute"}, default "trace"
-        ``"trace"`` measures ``alpha3`` in units of ``tr(Sigma_avg) / d``, so predictions do not
-        depend on the features' units (raw, LayerNorm or L2-normalised); ``"absolute"`` is the
-        paper's (:meth:`paper`). See :data:`~gdacil.heads.rgda.IDENTITY_SCALES`.
+    alpha1, alpha2, alpha3 : float >= 0, default (0.1, 2.0, 0.6)
+        gdacil's defaults (:data:`~gdacil.heads.rgda.DEFAULT_ALPHAS`; the paper's are (0.2, 2.0,
+        0.5) with an absolute identity term, :meth:`paper`). ``alpha2 Sigma_avg + alpha3 u I``
+        must be positive definite (``alpha3 > 0`` guarantees it).
+    identity_scale : {"samples", "trace", "absolute"}, default "samples"
+        The unit ``u`` of the identity term: ``tr(Sigma_avg) / (N - C)`` for ``N`` samples of
+        ``C`` classes (a ridge that shrinks as samples accumulate), ``tr(Sigma_avg) / d``, or 1
+        (the paper's). The first two make predictions independent of the features' units (raw,
+        LayerNorm or L2-normalised). See :data:`~gdacil.heads.rgda.IDENTITY_SCALES`.
     decomposition : {"eigh", "randomized"}, default "eigh"
         How the top-r eigenpairs of each ``Sigma_c`` are found: an exact symmetric
         eigendecomposition, or seeded randomized subspace iteration with ``oversample`` extra
@@ -156,8 +165,8 @@ class LRRGDA(GaussianHead):
     center_: torch.Tensor
 
     @renamed_parameters(random_state="seed")
-    def __init__(self, rank=64, alpha1=PAPER_ALPHAS[0], alpha2=PAPER_ALPHAS[1],
-                 alpha3=PAPER_ALPHAS[2], *, identity_scale="trace", decomposition="eigh",
+    def __init__(self, rank=64, alpha1=DEFAULT_ALPHAS[0], alpha2=DEFAULT_ALPHAS[1],
+                 alpha3=DEFAULT_ALPHAS[2], *, identity_scale="samples", decomposition="eigh",
                  oversample=16, n_iter=4, seed=0, priors=None, device=None,
                  dtype="float64", class_batch_size="auto"):
         super().__init__(priors=priors, device=device, dtype=dtype, class_batch_size=class_batch_size)
