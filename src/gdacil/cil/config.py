@@ -110,16 +110,9 @@ class HeadConfig(TypedConfig):
 
     def build(self):
         """A new, unfitted head."""
-        from ..heads import head_class
+        from ..heads import build_head
 
-        cls = head_class(self.name)
-        if self.defaults is None:
-            return cls(**self.params)
-        if self.defaults != "paper" or not hasattr(cls, "paper"):
-            presets = "'paper'" if hasattr(cls, "paper") else "none"
-            raise ValueError(f"head {self.name!r} has no preset {self.defaults!r} (its presets: "
-                             f"{presets})")
-        return cls.paper(**self.params)
+        return build_head(self.name, defaults=self.defaults, **self.params)
 
 
 @dataclass

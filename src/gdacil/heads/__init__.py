@@ -44,9 +44,17 @@ def head_class(name: str) -> type[GaussianHead | MappedLinearHead]:
     return cast("type[GaussianHead | MappedLinearHead]", ALL_HEADS[name])  # classes registered
 
 
-def build_head(name: str, /, **params) -> GaussianHead | MappedLinearHead:
-    """Instantiate the head registered as ``name`` (either kind) with ``params``."""
-    return ALL_HEADS.build(name, **params)
+def build_head(name: str, /, *, defaults: str | None = None,
+               **params) -> GaussianHead | MappedLinearHead:
+    """Instantiate the head registered as ``name`` (either kind) with ``params``; with
+    ``defaults="paper"``, from the paper's preset (``cls.paper(**params)``)."""
+    if defaults is None:
+        return ALL_HEADS.build(name, **params)
+    cls = head_class(name)
+    if defaults != "paper" or not hasattr(cls, "paper"):
+        presets = "'paper'" if hasattr(cls, "paper") else "none"
+        raise ValueError(f"head {name!r} has no preset {defaults!r} (its presets: {presets})")
+    return cls.paper(**params)
 
 
 __all__ = [
