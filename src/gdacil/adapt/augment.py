@@ -9,13 +9,19 @@ try fits, the largest centred box with a clamped aspect ratio. Brightness is sca
 uniform in ``[max(0, 1 - brightness), 1 + brightness]``. The box is resized to the
 backbone's input size with the backbone's interpolation and normalised like its evaluation
 preprocessing (:class:`~gdacil.backbones.ImagePreprocess`).
+
+The draws depend on nothing but the generator and the images' sizes (:func:`draw_augmentations`)
+and applying them is deterministic (:func:`apply_augmentations`), so Stage-1 training draws them in
+the main process and lets input-pipeline workers apply them, with the same result.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 
@@ -24,7 +30,15 @@ from ..backbones import ImagePreprocess, to_rgb
 from ..backbones.preprocess import INTERPOLATIONS
 from ..typed_config import TypedConfig
 
-__all__ = ["AugmentConfig", "augment_images", "crop_box"]
+__all__ = [
+    "AugmentConfig",
+    "Augmentation",
+    "apply_augmentations",
+    "augment_images",
+    "crop_box",
+    "draw_augmentations",
+    "image_size",
+]
 
 
 @dataclass(frozen=True)
@@ -94,13 +108,70 @@ def crop_box(
     return (width - w) // 2, (height - h) // 2, w, h
 
 
+def image_size(raw) -> tuple[int, int]:
+    """``(width, height)`` of ``to_rgb(raw)``, reading only the header of an image file."""
+    from PIL import Image
+
+    if isinstance(raw, (str, os.PathLike)):
+        with Image.open(raw) as img:
+            return img.size
+    return raw.size if isinstance(raw, Image.Image) else to_rgb(raw).size
+
+
+class Augmentation(NamedTuple):
+    """The random draws of one image's augmentation: crop ``box`` ``(left, top, width,
+    height)``, horizontal ``flip``, and ``brightness`` factor (``None``: no jitter)."""
+
+    box: tuple[int, int, int, int]
+    flip: bool
+    brightness: float | None
+
+
+def draw_augmentations(sizes: Sequence[tuple[int, int]], config: AugmentConfig,
+                       generator: torch.Generator) -> list[Augmentation]:
+    """The augmentations of images of ``sizes`` (``(width, height)`` each), drawn image by
+    image from ``generator``: everything random in :func:`augment_images`."""
+    out = []
+    for width, height in sizes:
+        box = crop_box(width, height, config, generator)
+        flip = _uniform(generator, 0.0, 1.0) < config.flip
+        factor = None
+        if config.brightness > 0:
+            factor = _uniform(generator, max(0.0, 1.0 - config.brightness), 1.0 + config.brightness)
+        out.append(Augmentation(box, flip, factor))
+    return out
+
+
+def apply_augmentations(raws: Sequence, augmentations: Sequence[Augmentation],
+                        transform: ImagePreprocess) -> torch.Tensor:
+    """Normalised batch ``(n, 3, size, size)`` of ``raws`` under drawn ``augmentations`` (one
+    per raw image); deterministic, so it may run in another process than the draws."""
+    from PIL import Image, ImageEnhance
+
+    resample = getattr(Image.Resampling, INTERPOLATIONS[transform.interpolation])
+    size = transform.size
+    out = []
+    for raw, (box, flip, brightness) in zip(raws, augmentations, strict=True):
+        left, top, w, h = box
+        img = to_rgb(raw).resize((size, size), resample=resample,
+                                 box=(left, top, left + w, top + h))
+        if flip:
+            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        if brightness is not None:
+            img = ImageEnhance.Brightness(img).enhance(brightness)
+        out.append(img)
+    # the images are already size x size: resize=None leaves them as they are and normalises
+    return replace(transform, resize=None)(out)
+
+
 def augment_images(
     raws: Sequence,
     transform: ImagePreprocess,
     config: AugmentConfig,
     generator: torch.Generator,
 ) -> torch.Tensor:
-    """Augmented, normalised batch ``(n, 3, size, size)`` of raw images.
+    """Augmented, normalised batch ``(n, 3, size, size)`` of raw images: :func:`apply_augmentations`
+    of :func:`draw_augmentations`.
 
     Parameters
     ----------
@@ -113,20 +184,6 @@ def augment_images(
     generator : torch.Generator
         Source of every random draw.
     """
-    from PIL import Image, ImageEnhance
-
-    resample = getattr(Image.Resampling, INTERPOLATIONS[transform.interpolation])
-    size = transform.size
-    out = []
-    for raw in raws:
-        img = to_rgb(raw)
-        left, top, w, h = crop_box(img.width, img.height, config, generator)
-        img = img.resize((size, size), resample=resample, box=(left, top, left + w, top + h))
-        if _uniform(generator, 0.0, 1.0) < config.flip:
-            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        if config.brightness > 0:
-            factor = _uniform(generator, max(0.0, 1.0 - config.brightness), 1.0 + config.brightness)
-            img = ImageEnhance.Brightness(img).enhance(factor)
-        out.append(img)
-    # the images are already size x size: resize=None leaves them as they are and normalises
-    return replace(transform, resize=None)(out)
+    images = [to_rgb(raw) for raw in raws]
+    draws = draw_augmentations([img.size for img in images], config, generator)
+    return apply_augmentations(images, draws, transform)

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import cast
 
 import numpy as np
@@ -28,7 +29,14 @@ from .._random import make_generator
 from .._validation import as_labels
 from ..backbones import Backbone, RandomProjection
 from ..backbones.base import ImageBackbone
-from .augment import augment_images
+from ..data.cache import prefetched
+from .augment import (
+    Augmentation,
+    AugmentConfig,
+    apply_augmentations,
+    draw_augmentations,
+    image_size,
+)
 from .config import StrategyConfig
 from .distill import Teacher
 from .lora import attach_lora, merge_lora
@@ -83,6 +91,29 @@ def _input_moments(bb: Backbone, linears: dict, raws: Sequence, batch_size: int
     n = torch.tensor([counts[name] for name in linears], dtype=torch.float64, device=bb.device)
     distributed.all_reduce_sum([*sums.values(), n])
     return {name: sums[name] / n[i] for i, name in enumerate(linears)}
+
+
+def _draws(batch: Iterable, augment: AugmentConfig | None, generator: torch.Generator
+           ) -> list[Augmentation] | None:
+    """The random part of a training batch's inputs: the augmentations of the samples ``batch``
+    (``None`` without augmentation, which reads no sample)."""
+    if augment is None:
+        return None
+    return draw_augmentations([image_size(raw) for raw in batch], augment, generator)
+
+
+def _build(bb: Backbone, batch: Sequence, draws: list[Augmentation] | None) -> dict:
+    """The deterministic part: model inputs (CPU tensors) of ``batch`` under ``draws``."""
+    if draws is None:
+        return bb.preprocess(batch)
+    transform = cast(ImageBackbone, bb).transform  # begin_task refuses augment otherwise
+    return {"pixel_values": apply_augmentations(batch, draws, transform)}
+
+
+def _planned_inputs(bb: Backbone, raws: Sequence, plan: tuple) -> tuple[torch.Tensor, dict]:
+    """``(idx, inputs)`` of a batch planned as ``(idx, draws)`` (in a worker process)."""
+    idx, draws = plan
+    return idx, _build(bb, [raws[i] for i in idx.tolist()], draws)
 
 
 @dataclass
@@ -178,12 +209,19 @@ class Strategy:
         return out
 
     def train_task(self, backbone: Backbone, raws: Sequence, labels, *, generator,
-                   on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict:
+                   on_step: Callable[[int, dict[str, float]], None] | None = None,
+                   num_workers: int = 0) -> dict:
         """Train the open task on ``raws`` (raw samples the backbone preprocesses) with
         ``labels`` (global class ids; the temporary head covers their distinct values).
 
         Every random draw (head initialisation, batch order, augmentation) comes from
         ``generator`` (an int seed or a ``torch.Generator``).
+
+        With ``num_workers > 0``, that many forked worker processes build the next batches'
+        inputs (preprocessing, tokenisation, augmentation; :func:`gdacil.data.cache.prefetched`)
+        while this process trains. The batch order and the augmentations are still drawn here,
+        in the same order, so training is bit-identical for every ``num_workers``; only reading
+        an augmented image's size (a file's header) stays in this process.
 
         Under torch.distributed (see :mod:`gdacil.distributed`) every rank passes the same
         ``raws``, ``labels`` and seed: every rank draws and preprocesses each global batch, runs
@@ -236,10 +274,11 @@ class Strategy:
         was_training = bb.model.training
         bb.model.eval()  # dropout off: deterministic given the generator
         shared = distributed.world_size() > 1
+        batches = self._batches(bb, raws, gen, num_workers)
         start = time.perf_counter()
         try:
-            for step, idx in enumerate(minibatches(len(raws), tc.batch_size, tc.steps, gen)):
-                inputs = self._inputs(bb, [raws[i] for i in idx.tolist()], gen)
+            for step, (idx, inputs) in enumerate(batches):
+                inputs = {k: v.to(bb.device, non_blocking=True) for k, v in inputs.items()}
                 if shared:
                     terms = self._shared_backward(bb, head, inputs, targets[idx], task_loss_fn,
                                                   [*trained, head])
@@ -303,15 +342,25 @@ class Strategy:
         distributed.all_reduce_grads(params)
         return terms
 
+    def _batches(self, bb: Backbone, raws: Sequence, generator: torch.Generator,
+                 num_workers: int) -> Iterable[tuple[torch.Tensor, dict]]:
+        """``(indices, model inputs on the CPU)`` of every step: built in this process, or by
+        ``num_workers`` workers from the indices and augmentations drawn here, in the order
+        this process draws them."""
+        tc = self.config.train
+        steps = minibatches(len(raws), tc.batch_size, tc.steps, generator)
+        if not num_workers:
+            return ((idx, self._inputs(bb, [raws[i] for i in idx.tolist()], generator))
+                    for idx in steps)
+        plans = ((idx, _draws(map(raws.__getitem__, idx.tolist()), tc.augment, generator))
+                 for idx in steps)
+        return prefetched(partial(_planned_inputs, bb, raws), plans,
+                          num_workers=min(num_workers, tc.steps), device=bb.device)
+
     def _inputs(self, bb: Backbone, batch: list, generator: torch.Generator) -> dict:
-        """Model inputs of a training batch on the backbone's device (augmented if configured)."""
-        augment = self.config.train.augment
-        if augment is not None:
-            transform = cast(ImageBackbone, bb).transform  # begin_task refuses augment otherwise
-            inputs = {"pixel_values": augment_images(batch, transform, augment, generator)}
-        else:
-            inputs = bb.preprocess(batch)
-        return {k: v.to(bb.device) for k, v in inputs.items()}
+        """Model inputs (CPU) of a training batch, built in this process (augmented if
+        configured)."""
+        return _build(bb, batch, _draws(batch, self.config.train.augment, generator))
 
     @staticmethod
     def _projection(params: dict, projectors: dict[str, torch.Tensor]):
@@ -347,14 +396,15 @@ class Strategy:
         self._task = None
 
     def adapt_task(self, backbone: Backbone, task: int, raws: Sequence, labels, *,
-                   generator, on_step: Callable[[int, dict[str, float]], None] | None = None
-                   ) -> dict:
+                   generator, on_step: Callable[[int, dict[str, float]], None] | None = None,
+                   num_workers: int = 0) -> dict:
         """:meth:`begin_task`, :meth:`train_task` and :meth:`end_task` with one generator (an int
         seed gives one fresh ``torch.Generator`` for the three); returns the training log.
-        ``on_step`` goes to :meth:`train_task`."""
+        ``on_step`` and ``num_workers`` go to :meth:`train_task`."""
         gen = make_generator(generator, name="generator")
         self.begin_task(backbone, task, generator=gen)
-        log = self.train_task(backbone, raws, labels, generator=gen, on_step=on_step)
+        log = self.train_task(backbone, raws, labels, generator=gen, on_step=on_step,
+                              num_workers=num_workers)
         self.end_task(backbone, raws)
         return log
 

@@ -74,8 +74,9 @@ class BackboneConfig(TypedConfig):
     batch_size: int = 64
     # forward passes of extraction and Stage-1 training: fp32, or bf16/fp16 under autocast
     precision: str = "fp32"
-    # processes that load and preprocess samples for extraction while the model runs; "auto":
-    # none on the CPU (they would compete with the forward passes), min(8, CPUs - 1) on a GPU
+    # processes that load and preprocess samples (extraction) and build training batches
+    # (Stage-1) while the model runs; "auto": none on the CPU (they would compete with the
+    # forward passes), min(8, CPUs - 1) on a GPU. Results do not depend on it.
     num_workers: int | str = "auto"
 
     def resolve_workers(self, device) -> int:

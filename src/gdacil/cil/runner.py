@@ -258,7 +258,8 @@ class _SeedRun:
                 labels = np.asarray(task.train.labels)
                 log = self.strategy.adapt_task(self.backbone, t, self.tasks.load(task.train.ids),
                                                labels, generator=task_seed(self.seed, t, 0),
-                                               on_step=self._on_step(t))
+                                               on_step=self._on_step(t),
+                                               num_workers=self.num_workers)
             timing["adapt"] = {k: v for k, v in log.items() if k not in ("loss", "task_loss",
                                                                             "kd_loss")}
             timing["adapt"]["final_loss"] = log["loss"][-1] if log.get("loss") else None

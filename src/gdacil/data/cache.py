@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,33 +80,53 @@ def extract_features(
     return torch.cat(parts) if parts else torch.empty(0, backbone.dim)
 
 
-class _PrepareChunks(torch.utils.data.Dataset):
-    """Item ``k``: chunk ``k`` of ids, loaded and preprocessed (runs in a worker process)."""
-
-    def __init__(self, backbone, chunks, load, batch_size):
-        self.backbone, self.chunks, self.load, self.batch_size = backbone, chunks, load, batch_size
-
-    def __len__(self) -> int:
-        return len(self.chunks)
-
-    def __getitem__(self, k: int):
-        return self.backbone.prepare(self.load(self.chunks[k]), batch_size=self.batch_size)
-
-
 def _prepared_chunks(backbone, chunks, load, batch_size: int, num_workers: int):
-    """:meth:`Backbone.prepare` of every chunk, in order: in this process, or prefetched by a
-    ``DataLoader`` with ``num_workers`` forked workers."""
+    """:meth:`Backbone.prepare` of every chunk, in order: in this process, or prefetched by
+    ``num_workers`` forked workers (:func:`prefetched`)."""
+    return prefetched(lambda c: backbone.prepare(load(c), batch_size=batch_size), chunks,
+                      num_workers=min(num_workers, len(chunks)), device=backbone.device)
+
+
+class _Mapped(torch.utils.data.Dataset):
+    """Item ``key``: ``fn(key)`` (runs in a worker process)."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def __getitem__(self, key):
+        return self.fn(key)
+
+
+def prefetched(fn: Callable, items: Iterable, *, num_workers: int, device) -> Iterable:
+    """``fn(item)`` for every item of ``items``, in order: in this process, or computed ahead by
+    a ``torch.utils.data.DataLoader`` with ``num_workers`` forked worker processes (two items
+    ahead per worker; page-locked memory when ``device`` is a GPU). ``items`` is iterated in
+    this process, lazily and in order, so it may draw from a generator; only ``fn`` runs in the
+    workers. Where ``fork`` is not available, no worker is used. An exception in a worker is
+    raised here, with the worker's traceback in its message."""
     import multiprocessing
 
     if num_workers < 0:
         raise ValueError(f"num_workers must be >= 0; got {num_workers}")
-    if not num_workers or "fork" not in multiprocessing.get_all_start_methods() or not chunks:
-        return (backbone.prepare(load(c), batch_size=batch_size) for c in chunks)
-    return torch.utils.data.DataLoader(
-        _PrepareChunks(backbone, chunks, load, batch_size), batch_size=None, shuffle=False,
-        num_workers=min(num_workers, len(chunks)), prefetch_factor=2,
-        pin_memory=torch.device(backbone.device).type == "cuda",
-        multiprocessing_context="fork")
+    if not num_workers or "fork" not in multiprocessing.get_all_start_methods():
+        return map(fn, items)
+    loader = torch.utils.data.DataLoader(
+        _Mapped(fn), sampler=items, batch_size=None, num_workers=num_workers,
+        prefetch_factor=2, pin_memory=torch.device(device).type == "cuda",
+        multiprocessing_context="fork",
+        generator=torch.Generator())  # the workers' seeds (unused): not from the global RNG
+    return _until_done(loader)
+
+
+def _until_done(loader) -> Iterator:
+    """The items of ``loader``; its workers stop as soon as the items are consumed, the
+    consumer stops, or a worker fails (not when the last reference to the iterator goes: a
+    worker's exception keeps one in its traceback)."""
+    batches = iter(loader)
+    try:
+        yield from batches
+    finally:
+        batches._shutdown_workers()
 
 
 class FeatureCache:
