@@ -41,11 +41,24 @@ def test_quick_inline_run_reports_every_figure(tmp_path):
         assert all(a["equal_to_dense"] for a in r["auto"]) and r["predict"]["equal_to_dense"]
         assert r["predict"]["speedup"] > 0
         assert r["build_s"] == pytest.approx(r["compress_s"] + r["fit_s"])
+        assert r["generate_s"] > 0 and set(r["per_class_s"]) == {
+            "validate", "convert", "decompose", "orthonormalize"}
         assert r["decomposed_on_refit"] == 0  # the stored eigenpairs are reused
         d, q = bench.QUICK.dim, bench.QUICK.rank
         assert r["stats_bytes"] >= r["classes"] * d * q * 4
         assert r["peer_dense_fp32_bytes"] == r["classes"] * d * d * 4
+    # the float32 build makes the float64 build's decisions
+    (checked,) = [r for r in rows if "against_float64" in r]
+    assert checked["classes"] == 60 and checked["against_float64"]["topk_entries_differ"] == 0
+    assert checked["against_float64"]["max_relative_score_difference"] < 1e-4
     md = (tmp_path / "scale.md").read_text()
+    assert "Decisions against the same classes compressed in float64" in md
+    # the projection scales the largest cell linearly
+    last = rows[-1]
+    far = bench.projection(last, 10 * last["classes"])
+    assert far["build_s"] == pytest.approx(10 * last["build_s"])
+    assert far["dense_throughput"] == pytest.approx(last["dense_throughput"] / 10)
+    assert "## Projected from C = 120" in md and "| 1,000,000 |" in md
     assert "python -m gdacil bench scale --quick --inline" in md
     assert "## The default path against dense" in md and "| 60 | predict | dense |" in md
     assert (tmp_path / "scale.png").stat().st_size > 0

@@ -7,6 +7,7 @@ from gdacil.linalg import (
     psd_cholesky,
     psd_factor,
     randomized_top_eigh,
+    reorthonormalize,
     top_eigh,
 )
 
@@ -143,3 +144,41 @@ def test_lr_rgda_default_decomposition_predicts_like_eigh_on_hard_spectra():
     scale = reference.abs().max().item()
     torch.testing.assert_close(scores, reference, rtol=1e-6, atol=1e-6 * scale)
     assert torch.equal(default.predict(X), exact.predict(X))
+
+
+@pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-11), (torch.float32, 1e-4)])
+def test_top_eigh_on_cpu_matches_the_full_decomposition_and_reports_the_smallest_eigenvalue(
+        dtype, rtol):
+    """The LAPACK route (tridiagonalise, top eigenpairs by MRRR, carry them back) against a full
+    float64 ``torch.linalg.eigh``, on the hard spectra with nearly equal eigenvalues around the
+    rank, in batches of any shape."""
+    A = hard_spectrum_covariances(d=96, rank=12, n_classes=4)
+    A[1] -= 0.05 * torch.eye(96, **f64)            # one indefinite matrix
+    full, V = torch.linalg.eigh(A)
+    exact = (V[..., -12:] * full[..., None, -12:].clamp_min(0)) @ V[..., -12:].transpose(1, 2)
+    U, s, smallest = top_eigh(A.to(dtype).reshape(2, 2, 96, 96), 12, return_smallest=True)
+    assert U.shape == (2, 2, 96, 12) and s.shape == (2, 2, 12) and smallest.shape == (2, 2)
+    assert U.dtype == s.dtype == smallest.dtype == dtype
+    U, s = U.reshape(4, 96, 12).double(), s.reshape(4, 12).double()
+    torch.testing.assert_close(s, full.flip(-1)[:, :12].clamp_min(0), rtol=rtol, atol=0)
+    torch.testing.assert_close(smallest.reshape(4).double(), full[:, 0], rtol=rtol, atol=rtol)
+    model = U @ torch.diag_embed(s) @ U.transpose(1, 2)
+    assert ((model - exact).norm(dim=(1, 2)) / exact.norm(dim=(1, 2))).max() < 10 * rtol
+    eye = torch.eye(12, **f64)
+    assert (U.transpose(1, 2) @ U - eye).abs().max() < 100 * rtol
+
+
+def test_top_eigh_of_the_full_rank_and_of_an_empty_batch():
+    A = decaying_psd(2, 10, seed=4)
+    U, s = top_eigh(A, 10)            # every eigenpair: the full decomposition
+    torch.testing.assert_close(U @ torch.diag_embed(s) @ U.transpose(1, 2), A)
+    U, s, smallest = top_eigh(A[:0], 3, return_smallest=True)
+    assert U.shape == (0, 10, 3) and s.shape == (0, 3) and smallest.shape == (0,)
+
+
+def test_reorthonormalize_cleans_nearly_orthonormal_columns_in_place_of_a_full_qr():
+    Q = torch.linalg.qr(torch.randn(3, 50, 6, generator=gen(8), **f64))[0]
+    U = Q + 1e-4 * torch.randn(3, 50, 6, generator=gen(9), **f64)   # float32-like eigenvectors
+    V = reorthonormalize(U)
+    assert (V.transpose(1, 2) @ V - torch.eye(6, **f64)).abs().max() < 1e-13
+    assert (V - U).abs().max() < 1e-3                 # each column stays where it was

@@ -424,3 +424,46 @@ def test_runner_with_low_rank_tracks_compensates_checkpoints_and_resumes(tmp_pat
     assert isinstance(saved, LowRankGaussians) and saved.rank == 4
     assert saved.eigenvectors.dtype == torch.float32 and saved.n_classes == 3
     assert run_experiment(cfg, resume=True, log=lambda *_: None) == full
+
+
+def test_float32_decomposition_gives_the_float64_model_to_float32_accuracy():
+    g = torch.Generator().manual_seed(5)
+    X = torch.randn(600, 40, generator=g, dtype=torch.float64) @ torch.randn(40, 40, generator=g,
+                                                                              dtype=torch.float64)
+    dense = ClassGaussians(40).update(X, torch.arange(600) % 6)
+    exact = LowRankGaussians.from_dense(dense, 8)
+    fast = LowRankGaussians.from_dense(dense, 8, decomposition_dtype="float32")
+    U = fast.eigenvectors
+    assert fast.eigenvectors.dtype == torch.float64        # storage dtype is separate
+    assert (U.transpose(1, 2) @ U - torch.eye(8, dtype=torch.float64)).abs().max() < 1e-10
+    ref = exact.covariances()
+    err = (fast.covariances() - ref).norm(dim=(1, 2)) / ref.norm(dim=(1, 2))
+    assert err.max() < 1e-5
+    torch.testing.assert_close(fast.average_covariance(), exact.average_covariance())
+
+
+def test_decomposition_dtype_is_saved_and_refused_with_the_randomized_decomposition(tmp_path):
+    stats = LowRankGaussians(6, 2, decomposition_dtype="float32")
+    stats.save(tmp_path / "s.safetensors")
+    assert LowRankGaussians.load(tmp_path / "s.safetensors").decomposition_dtype == torch.float32
+    with pytest.raises(ValueError, match="decomposition_dtype='float32' applies to "
+                                         "decomposition='eigh'"):
+        LowRankGaussians(6, 2, decomposition="randomized", decomposition_dtype="float32")
+
+
+@pytest.mark.parametrize("decomposition", ["eigh", "randomized"])
+def test_add_classes_refuses_an_indefinite_covariance_before_any_change(decomposition):
+    """With ``eigh`` the smallest eigenvalue of the decomposition decides (no Cholesky); with
+    ``randomized`` the Cholesky of check_covariances does: the same refusal either way."""
+    stats = LowRankGaussians(5, 2, decomposition=decomposition)
+    eye = torch.eye(5, dtype=torch.float64)
+    stats.add_classes([0], torch.zeros(1, 5), eye[None], [10])
+    before = stats.average_covariance().clone()
+    bad = torch.diag(torch.tensor([1.0, 1.0, 1.0, 1.0, -0.01], dtype=torch.float64))
+    with pytest.raises(ValueError, match="covariance of class 4 is not positive semi-definite"):
+        stats.add_classes([3, 4], torch.zeros(2, 5), torch.stack([eye, bad]), [10, 10])
+    assert stats.classes == [0] and torch.equal(stats.average_covariance(), before)
+    # within the tolerance (-1e-5 x trace) is round-off, accepted
+    tiny = torch.diag(torch.tensor([1.0, 1.0, 1.0, 1.0, -1e-6], dtype=torch.float64))
+    stats.add_classes([4], torch.zeros(1, 5), tiny[None], [10])
+    assert stats.classes == [0, 4]

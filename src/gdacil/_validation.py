@@ -211,14 +211,15 @@ def _integral_floats(arr: np.ndarray, name: str) -> np.ndarray:
 
 
 def check_covariances(mats: torch.Tensor, labels, *, what: str = "covariance",
-                      source: str = "") -> None:
+                      source: str = "", psd: bool = True) -> None:
     """Refuse class matrices ``(k, d, d)`` that are not finite, symmetric and PSD within tolerance.
 
     A matrix ``S`` passes when it is finite, ``max |S - S^T| <= SYMMETRY_RTOL * max |S|``, and
     ``S + PSD_RTOL * tr(S) I`` has a Cholesky factor (its smallest eigenvalue is at least
     ``-PSD_RTOL * tr(S)``). That is one Cholesky per class, of the matrix scaled to unit largest
-    entry (no eigendecomposition), in two ``d x d`` work buffers. The error names ``source``
-    (a file), ``what`` and the first offending class of ``labels``.
+    entry (no eigendecomposition), in two ``d x d`` work buffers; ``psd=False`` skips it (for a
+    caller that decomposes the matrices anyway and checks their smallest eigenvalues). The
+    error names ``source`` (a file), ``what`` and the first offending class of ``labels``.
     """
     prefix = f"{source}: " if source else ""
     d = mats.shape[-1]
@@ -237,13 +238,21 @@ def check_covariances(mats: torch.Tensor, labels, *, what: str = "covariance",
             raise ValueError(f"{prefix}{what} of class {c} is not symmetric: max |S - S^T| = "
                              f"{asym:.3g}, {asym / scale:.1e} of its largest entry (tolerance "
                              f"{SYMMETRY_RTOL:g})")
+        if not psd:
+            continue
         torch.mul(S, 1.0 / scale, out=buf)
         diag = buf.diagonal()
         diag.add_(PSD_RTOL * max(float(diag.sum()), 0.0))
         torch.linalg.cholesky_ex(buf, out=(factor, info))
         if int(info) != 0:
-            raise ValueError(f"{prefix}{what} of class {c} is not positive semi-definite: its "
-                             f"smallest eigenvalue is below -{PSD_RTOL:g} x its trace")
+            raise not_psd_error(c, what=what, source=source)
+
+
+def not_psd_error(label, *, what: str = "covariance", source: str = "") -> ValueError:
+    """The error for a class matrix whose smallest eigenvalue is below ``-PSD_RTOL`` x its trace."""
+    prefix = f"{source}: " if source else ""
+    return ValueError(f"{prefix}{what} of class {label} is not positive semi-definite: its "
+                      f"smallest eigenvalue is below -{PSD_RTOL:g} x its trace")
 
 
 def check_positive_int(value, name: str, *, minimum: int = 1) -> int:

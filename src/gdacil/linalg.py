@@ -7,18 +7,22 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import torch
+from scipy.linalg import lapack
 
 from ._deprecation import renamed_parameters
 
 __all__ = [
     "NumericalWarning",
     "class_top_eigh",
+    "lapack_top_eigh",
     "logdet_from_cholesky",
     "orthonormalize",
     "psd_cholesky",
     "psd_factor",
     "randomized_top_eigh",
+    "reorthonormalize",
     "symmetrize",
     "top_eigh",
 ]
@@ -117,15 +121,70 @@ def logdet_from_cholesky(L: torch.Tensor) -> torch.Tensor:
     return 2.0 * L.diagonal(dim1=-2, dim2=-1).log().sum(-1)
 
 
-def top_eigh(A: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+def top_eigh(A: torch.Tensor, rank: int, *, return_smallest: bool = False):
     """Exact top-``rank`` eigenpairs of symmetric ``A``, eigenvalues descending and clamped at 0.
 
-    Returns ``(U, s)`` with ``U`` of shape ``(..., d, rank)`` and ``s`` of shape ``(..., rank)``.
+    Returns ``(U, s)`` with ``U`` of shape ``(..., d, rank)`` and ``s`` of shape ``(..., rank)``,
+    and with ``return_smallest`` also every matrix's smallest eigenvalue ``(...,)`` (unclamped:
+    how far a matrix is from positive semi-definite).
+
+    Float32 and float64 matrices on the CPU go through LAPACK's tridiagonal route, which only
+    forms the eigenvectors it returns (:func:`lapack_top_eigh`): at ``d = 768, rank = 64`` about
+    1.5x faster than a full ``torch.linalg.eigh``, reading each matrix's upper triangle (``A``
+    is symmetric to round-off). Elsewhere the full decomposition of ``(A + A^T) / 2`` is taken.
     """
-    s, U = torch.linalg.eigh(symmetrize(A))
-    s = s.flip(-1)[..., :rank].clamp_min(0.0)
-    U = U.flip(-1)[..., :rank]
-    return U, s
+    if A.device.type == "cpu" and A.dtype in (torch.float32, torch.float64) and rank < A.shape[-1]:
+        d = A.shape[-1]
+        # LAPACK reads one triangle, here the upper one of each row-major matrix (the lower
+        # triangle of its column-major transpose, passed without a copy)
+        flat = A.detach().reshape(-1, d, d).numpy()
+        parts = [lapack_top_eigh(a.T, rank) for a in flat]
+        U = torch.from_numpy(np.stack([p[0] for p in parts]) if parts else np.empty((0, d, rank)))
+        s = torch.from_numpy(np.stack([p[1] for p in parts]) if parts else np.empty((0, rank)))
+        U, s = U.to(A.dtype).reshape(*A.shape[:-1], rank), s.to(A.dtype).reshape(*A.shape[:-2], rank)
+        smallest = torch.tensor([p[2] for p in parts], dtype=A.dtype).reshape(A.shape[:-2])
+    else:
+        full, V = torch.linalg.eigh(symmetrize(A))
+        U, s, smallest = V.flip(-1)[..., :rank], full.flip(-1)[..., :rank], full[..., 0]
+    s = s.clamp_min(0.0)
+    return (U, s, smallest) if return_smallest else (U, s)
+
+
+def lapack_top_eigh(a: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """Top-``rank`` eigenpairs (descending) and the smallest eigenvalue of one symmetric matrix
+    ``a``, of which only the lower triangle is read.
+
+    Householder tridiagonalisation (``?sytrd``, the bulk of the cost), the top eigenpairs of the
+    tridiagonal matrix by MRRR (``?stemr``), its smallest eigenvalue by bisection (``?stebz``),
+    and the eigenvectors carried back by the Householder reflectors (``?ormqr``): what LAPACK's
+    ``?syevr`` does for an index range, plus the smallest eigenvalue at almost no cost.
+    """
+    p = "d" if a.dtype == np.float64 else "s"
+    sytrd, stemr, stebz, ormqr = (getattr(lapack, p + name)
+                                  for name in ("sytrd", "stemr", "stebz", "ormqr"))
+    d = a.shape[0]
+    lwork = int(getattr(lapack, p + "sytrd_lwork")(d, lower=1)[0])
+    reflectors, diag, off, tau, info = sytrd(a, lower=1, lwork=lwork)
+    _check_lapack(info, "sytrd")
+    found, w, z, info = stemr(diag, np.append(off, 0.0).astype(a.dtype), 3, 0.0, 0.0,
+                              d - rank + 1, d, compute_v=1)
+    _check_lapack(info, "stemr")
+    if found != rank:
+        raise ValueError(f"lapack_top_eigh: found {found} of {rank} eigenpairs")
+    lowest = stebz(diag, off, 3, 0.0, 0.0, 1, 1, 0.0, "E")
+    _check_lapack(lowest[-1], "stebz")
+    z = np.asfortranarray(z[:, :rank])
+    v, tau = reflectors[1:, : d - 1], tau[: d - 1]
+    lwork = int(ormqr("L", "N", v, tau, z[1:], -1)[1][0])
+    z[1:], _, info = ormqr("L", "N", v, tau, z[1:], lwork)
+    _check_lapack(info, "ormqr")
+    return z[:, ::-1], w[:rank][::-1], float(lowest[1][0])
+
+
+def _check_lapack(info: int, routine: str) -> None:
+    if info != 0:
+        raise ValueError(f"LAPACK ?{routine} failed (info={info}); the matrix holds NaN or inf, "
+                         "or is too ill-conditioned for its precision")
 
 
 def orthonormalize(Y: torch.Tensor, *, tol: float = 1e-10) -> torch.Tensor:
@@ -153,6 +212,15 @@ def orthonormalize(Y: torch.Tensor, *, tol: float = 1e-10) -> torch.Tensor:
     if bad[0].numel():
         Q[bad] = torch.linalg.qr(Y[bad])[0]
     return Q
+
+
+def reorthonormalize(U: torch.Tensor) -> torch.Tensor:
+    """``U (U^T U)^{-1/2}``-like cleanup of columns that are orthonormal to a few digits (e.g.
+    float32 eigenvectors): one pass of CholeskyQR, ``U L^{-T}`` with ``L L^T = U^T U``. For
+    ``|U^T U - I| << 1`` this is orthonormal to round-off and moves each column by about its
+    loss of orthogonality; for anything else use :func:`orthonormalize`."""
+    L = torch.linalg.cholesky(U.transpose(-1, -2) @ U)
+    return torch.linalg.solve_triangular(L.transpose(-1, -2), U, upper=True, left=False)
 
 
 #: Largest residual ``||A u - s u||``, relative to the top eigenvalue, at which randomized

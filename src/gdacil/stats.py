@@ -101,6 +101,9 @@ class ClassStatistics(abc.ABC):
     _per_class: ClassVar[tuple[str, ...]] = ("_counts", "_means")
     _shared: ClassVar[tuple[str, ...]] = ()
     _growth: ClassVar[float] = 2.0  # capacity growth factor when classes are appended
+    # True where _add_moments refuses indefinite covariances itself (from a decomposition it
+    # computes anyway), so add_classes skips the Cholesky of check_covariances
+    _decomposition_checks_psd: bool = False
     _formats: ClassVar[dict[str, type[ClassStatistics]]] = {}
 
     def __init_subclass__(cls, **kwargs):
@@ -217,7 +220,8 @@ class ClassStatistics(abc.ABC):
             )
         self._check_new(labels)
         _check_counts(counts, labels, "add_classes")
-        check_covariances(covs, labels, source="add_classes")
+        check_covariances(covs, labels, source="add_classes",
+                          psd=not self._decomposition_checks_psd)
         self._add_moments(labels, counts, means, covs)
         return self
 
