@@ -511,7 +511,10 @@ def test_pruned_top_k_equals_dense_top_k(dtype, screen_dtype, spread):
 
 
 @pytest.mark.parametrize(("spread", "k", "mode"), [(4.0, 1, "pruned"), (0.5, 30, "dense")])
-def test_auto_pruning_follows_the_pilot_pass_rate_and_stays_exact(spread, k, mode, monkeypatch):
+def test_auto_pruning_follows_the_pilot_cost_and_stays_exact(spread, k, mode, monkeypatch):
+    """The pilot is pruned with a dense pass's rows as its budget (rounds' rows at
+    ``ROUND_ROW_COST``); within it, every batch is pruned, past it the pilot stops where it ran
+    out and everything is scored densely."""
     import gdacil.heads.lowrank as lowrank
 
     monkeypatch.setattr(lowrank, "AUTO_PILOT", 16)  # a pilot batch, then 16-sample batches
@@ -524,15 +527,16 @@ def test_auto_pruning_follows_the_pilot_pass_rate_and_stays_exact(spread, k, mod
     assert torch.equal(labels, dense_labels)
     scale = float(dense_scores.abs().max()) * torch.finfo(torch.float64).eps
     torch.testing.assert_close(scores, dense_scores, rtol=0, atol=64 * scale)
-    fraction = head.last_pruning_["pairs_scored_fraction"]
+    auto_rows, auto_pairs = (head.last_pruning_[key] for key in ("rows_fraction",
+                                                                  "pairs_scored_fraction"))
     pilot = head.top_k(queries[:16], k, pruned=True, screen_rank=2)
-    pilot_fraction = head.last_pruning_["pairs_scored_fraction"]
+    pilot_rows = head.last_pruning_["rows_fraction"]      # the pilot pruned to the end
     assert torch.equal(pilot[1], dense_labels[:16])
-    if mode == "pruned":  # the pilot passed few pairs, so every batch was pruned
-        assert pilot_fraction <= lowrank.AUTO_MAX_PASS and fraction < 0.5
-    else:  # most pairs passed: the pilot gave up after its screening, and all was dense
-        assert pilot_fraction > lowrank.AUTO_MAX_PASS
-        assert fraction == 1.0
+    if mode == "pruned":  # the pilot fit its budget, so every batch was pruned
+        assert pilot_rows <= 1.0 and auto_rows < 1.0
+    else:  # it would not have: it stopped, and all was dense
+        assert pilot_rows > 1.0
+        assert auto_rows == 1.0 and auto_pairs == 1.0
         rounds, row_norms = [], LRRGDA._row_norms
 
         def counted(self, X, cls, smp, start, stop):
@@ -540,10 +544,11 @@ def test_auto_pruning_follows_the_pilot_pass_rate_and_stays_exact(spread, k, mod
             return row_norms(self, X, cls, smp, start, stop)
 
         monkeypatch.setattr(LRRGDA, "_row_norms", counted)
-        head.top_k(queries, k, screen_rank=2, sample_batch=16)
-        assert not [r for r in rounds if r[0] > 0]  # no round after the screening ran
-        head.top_k(queries, k, pruned=True, screen_rank=2, sample_batch=16)
-        assert [r for r in rounds if r[0] > 0]  # (the spy sees the rounds of forced pruning)
+        head.top_k(queries[:16], k, screen_rank=2)
+        r = head.rows_.shape[1] - 1
+        assert not [1 for start, stop in rounds if start > 0 and stop == r]  # stopped early
+        head.top_k(queries[:16], k, pruned=True, screen_rank=2)
+        assert [1 for start, stop in rounds if start > 0 and stop == r]  # forced: to the end
     with pytest.raises(ValueError, match="pruned must be 'auto', True or False"):
         head.top_k(queries, k, pruned="sometimes")
 
@@ -719,7 +724,7 @@ def test_predict_of_many_classes_takes_the_pruned_argmax(monkeypatch):
     import gdacil.heads.lowrank as lowrank
 
     stats, queries = pruning_problem(4.0)
-    head = LRRGDA(rank=6).fit(stats)
+    head = LRRGDA(rank=16).fit(stats)   # more rows than the default screening (8)
     dense = head.decision_function(queries).argmax(1)
     monkeypatch.setattr(lowrank, "AUTO_MIN_CLASSES", 10)  # 40 classes count as many
     head.__dict__.pop("last_pruning_", None)

@@ -43,14 +43,14 @@ from .rgda import (
 
 __all__ = ["LRRGDA"]
 
-#: ``top_k(pruned="auto")``: samples in the pilot batch, and the largest fraction of its
-#: (sample, class) pairs passing the screening for which pruning goes on. In ``gdacil bench
-#: scale`` pruning was 0.7-0.8x dense where 80-86% of the pairs passed and 3.7-4.8x where 3-4%
-#: did; the cost of a passing pair is about 1.5-3.7 dense pairs, so pruning wins below about
-#: a quarter. A pilot above it stops right after its screening (about (j + 1) / (r + 1) of a
-#: dense pass) and is scored densely, so a failed pilot of 64 samples costs little.
+#: ``top_k(pruned="auto")``: samples in the pilot batch, and what one (sample, class, row)
+#: product of the pruned rounds costs against one of dense scoring (gathered, padded GEMMs over
+#: scattered pairs: 1.7-2.9 measured at 1,000-10,000 classes). The pilot is pruned with the
+#: rows of a dense pass as its budget, the rounds' rows counted at that price; pruning goes on
+#: if it finished within it. Whether pruning pays depends on how fast the rounds drop pairs,
+#: not on how many pass the screening: with 90% passing, a pruned argmax still ran at 1.9x.
 AUTO_PILOT = 64
-AUTO_MAX_PASS = 0.25
+ROUND_ROW_COST = 2.5
 #: From this many classes ``pruned="auto"`` tries pruning (and ``predict`` takes the exact
 #: pruned argmax, ``top_k(X, 1)``): 3.7-4.8x dense at 1,000 classes in ``gdacil bench scale``,
 #: while on small heads the screening costs more than it saves (0.1-0.3x dense at 60-120
@@ -313,12 +313,12 @@ class LRRGDA(GaussianHead):
         pruning would not pay); the dense argmax otherwise. Both give the dense argmax (up to
         exact ties between classes)."""
         rows = getattr(self, "rows_", None)  # unfitted: the base class says so
-        if rows is not None and rows.shape[0] >= AUTO_MIN_CLASSES and rows.shape[1] > 5:
+        if rows is not None and rows.shape[0] >= AUTO_MIN_CLASSES:
             return self.top_k(X, 1)[1][:, 0]
         return super().predict(X)
 
     # ------------------------------------------------------- pruned inference
-    def top_k(self, X, k: int = 5, *, pruned="auto", screen_rank: int = 4,
+    def top_k(self, X, k: int = 5, *, pruned="auto", screen_rank: int = 8,
               screen_dtype="auto", sample_batch: int = 2048):
         """The ``k`` best classes of every sample and their scores, exactly as the dense scores rank them.
 
@@ -351,12 +351,15 @@ class LRRGDA(GaussianHead):
         pruned : "auto" or bool, default "auto"
             ``True`` prunes every sample batch, ``False`` scores every class densely. "auto"
             scores heads of fewer than ``AUTO_MIN_CLASSES`` classes densely; on larger ones it
-            prunes the first batch (at most ``AUTO_PILOT`` samples) and goes on pruning only if
-            fewer than ``AUTO_MAX_PASS`` of its (sample, class) pairs passed the screening;
-            otherwise the rest is scored densely, which is then as fast or faster (see
+            prunes the first batch (at most ``AUTO_PILOT`` samples) with the cost of scoring
+            it densely as a budget (rows of the rounds counted at ``ROUND_ROW_COST`` dense
+            rows each), and goes on pruning only if the pilot finished within it; otherwise
+            the pilot stops where it ran out and everything is scored densely (see
             ``benchmarks/scale.md``). Either way the result is exact.
-        screen_rank : int, default 4
-            Quadratic rows per class in the screening pass.
+        screen_rank : int, default 8
+            Quadratic rows per class in the screening pass. On ``gdacil bench scale``'s 2,000
+            classes the pruned argmax ran at 1.4-1.7x dense with 8 (1.3-1.7x with 4) under the
+            default regularisation, and at 4.0x (2.6x) under the paper's.
         screen_dtype : "auto", torch.dtype or str, default "auto"
             Precision of the screening's quadratic rows: the head's dtype, or on CPU a lower one
             (``float32`` under a float64 head, ``bfloat16`` under a float32 head). "auto" picks
@@ -368,7 +371,8 @@ class LRRGDA(GaussianHead):
         -------
         scores : tensor ``(n, k)``, labels : int64 tensor ``(n, k)``; best first.
         ``last_pruning_`` reports the fraction of (sample, class) pairs that passed screening,
-        of classes any sample needed, the screening rank and dtype.
+        of classes any sample needed, of the dense pass's (sample, class, row) products
+        computed, the screening rank and dtype, and the mode ("pruned" or "dense").
 
         Notes
         -----
@@ -389,42 +393,50 @@ class LRRGDA(GaussianHead):
                 or j == rows_per_class - 1 or not X.shape[0]):
             scores, idx = self._decision(X).topk(k, dim=1)
             self.last_pruning_ = {"pairs_scored_fraction": 1.0, "classes_scored_fraction": 1.0,
-                                  "screen_rank": 0, "screen_dtype": None, "mode": "dense"}
+                                  "rows_fraction": 1.0, "screen_rank": 0, "screen_dtype": None,
+                                  "mode": "dense"}
             return scores, self.classes_[idx.cpu()]
         sample_batch = check_positive_int(sample_batch, "sample_batch")
         parts, mode = [], "pruned"
         starts = list(range(0, X.shape[0], sample_batch))
         if pruned == "auto" and X.shape[0]:  # a pilot batch decides for the rest
             pilot = min(AUTO_PILOT, X.shape[0])
-            parts.append(self._pruned_or_dense(X[:pilot], k, j, screen, AUTO_MAX_PASS))
-            if parts[0][2] > AUTO_MAX_PASS * pilot * C:
+            parts.append(self._pruned_or_dense(X[:pilot], k, j, screen,
+                                               row_budget=pilot * C * rows_per_class))
+            if parts[0][4] is None:          # the pilot ran out of its budget
                 mode = "dense"
             starts = list(range(pilot, X.shape[0], sample_batch))
         if mode == "dense" and starts:
             rest = X[starts[0]:]
-            parts.append((*self._decision(rest).topk(k, dim=1), rest.shape[0] * C, C))
+            parts.append(self._dense_part(rest, k))
         else:
             parts += [self._pruned_or_dense(X[a:a + sample_batch], k, j, screen) for a in starts]
         out_scores = [p[0] for p in parts]
         out_idx = [p[1] for p in parts]
         pairs = sum(p[2] for p in parts)
         classes = sum(p[3] * len(p[0]) for p in parts)
+        rows = sum(p[4] if p[4] is not None else len(p[0]) * C * rows_per_class for p in parts)
         self.last_pruning_ = {"pairs_scored_fraction": pairs / (X.shape[0] * C),
                               "classes_scored_fraction": classes / (X.shape[0] * C),
+                              "rows_fraction": rows / (X.shape[0] * C * rows_per_class),
                               "screen_rank": j,
                               "screen_dtype": str(screen).removeprefix("torch."),
                               "mode": mode}
         return torch.cat(out_scores), self.classes_[torch.cat(out_idx).cpu()]
 
-    def _pruned_or_dense(self, X, k: int, j: int, screen, max_pass: float | None = None):
-        """``(scores, idx, pairs scored, classes scored)`` of the pruned top-k of ``X``, or of the
-        dense scores where a bound or score overflows the head's dtype (rescaled in float64, or
-        refused), or where more than ``max_pass`` of the pairs pass the screening."""
-        result = self._pruned_top_k(X, k, j, screen, max_pass)
+    def _pruned_or_dense(self, X, k: int, j: int, screen, row_budget: float | None = None):
+        """``(scores, idx, pairs scored, classes scored, rows)`` of the pruned top-k of ``X``,
+        or of the dense scores (``rows`` None) where a bound or score overflows the head's dtype
+        (rescaled in float64, or refused), or where pruning would cost more than
+        ``row_budget`` (see :meth:`_pruned_top_k`)."""
+        result = self._pruned_top_k(X, k, j, screen, row_budget)
         if result is None or not all_finite(result[0]):
-            C = self.rows_.shape[0]
-            result = (*self._decision(X).topk(k, dim=1), X.shape[0] * C, C)
+            return self._dense_part(X, k)
         return result
+
+    def _dense_part(self, X, k: int):
+        C = self.rows_.shape[0]
+        return (*self._decision(X).topk(k, dim=1), X.shape[0] * C, C, None)
 
     def _screen_dtype(self, requested) -> torch.dtype:
         if isinstance(requested, str) and requested == "auto":
@@ -518,11 +530,13 @@ class LRRGDA(GaussianHead):
         return lin, lower, upper, sq_norm, margin
 
     def _pruned_top_k(self, X: torch.Tensor, k: int, j: int, dtype: torch.dtype,
-                      max_pass: float | None = None):
+                      row_budget: float | None = None):
         """Screen with ``j`` rows, then add rows in rounds (``j -> 3j -> ... -> r``) to the
         pairs whose upper bound still reaches the ``k``-th best lower bound of their sample.
-        ``None`` where a bound overflows the head's dtype, or where more than ``max_pass`` of
-        the pairs pass the screening (the rounds would then cost more than dense scoring)."""
+        Returns ``(scores, idx, pairs scored, classes scored, rows)``, ``rows`` counting the
+        (sample, class, row) products with the rounds' at ``ROUND_ROW_COST`` each. ``None``
+        where a bound overflows the head's dtype, or where the next round would take ``rows``
+        past ``row_budget`` (dense scoring is then cheaper)."""
         lin, lower, upper, sq_norm, margin = self._bounds(X, j, dtype)
         if not (all_finite(lower) and all_finite(upper) and all_finite(margin)):
             return None  # a bound overflowed, so pairs could be dropped wrongly: score densely
@@ -532,9 +546,8 @@ class LRRGDA(GaussianHead):
         floor = self._exact_scores(X, lin, lower.topk(k, dim=1).indices).amin(1, keepdim=True)
         threshold = floor - 2.0 * margin        # bounds and threshold carry one margin each
         cls, smp = (upper >= threshold).T.nonzero(as_tuple=True)        # sorted by class
-        if max_pass is not None and len(smp) > max_pass * upper.numel():
-            return None
         scored, classes = len(smp), len(torch.unique_consecutive(cls))
+        rows = upper.numel() * (j + 1) + ROUND_ROW_COST * X.shape[0] * k * r  # screen, floor
         # a pair's score is base + screened + rest: its linear score, its first j rows (a lower
         # bound of them after a lowered screening, open by at most `width`) and the rows after
         dist = _mahalanobis(sq_norm[smp, 0], lin[smp, cls], screen["offset"][cls])
@@ -548,6 +561,9 @@ class LRRGDA(GaussianHead):
         done = stop = j
         while done < r:
             stop = min(r, max(4, 3 * stop))
+            rows += ROUND_ROW_COST * len(smp) * (stop - done)
+            if row_budget is not None and rows > row_budget:
+                return None
             rest += 0.5 * self._row_norms(X, cls, smp, done, stop)
             done = stop
             low = base + screened + rest
@@ -558,10 +574,11 @@ class LRRGDA(GaussianHead):
                 t[keep] for t in (cls, smp, base, screened, rest, width, dist))
         if lowered:                 # the first j rows of the pairs still in, in the head's dtype
             screened = 0.5 * self._row_norms(X, cls, smp, 0, j)
+            rows += ROUND_ROW_COST * len(smp) * j
         scores = torch.full_like(lower, -torch.inf)
         scores[smp, cls] = base + screened + rest
         best, idx = scores.topk(k, dim=1)
-        return best, idx, scored, classes
+        return best, idx, scored, classes, rows
 
     def _exact_scores(self, X: torch.Tensor, lin: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """Scores ``(n, k)`` of the classes ``idx`` ``(n, k)``, from their linear scores ``lin``."""
