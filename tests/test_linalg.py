@@ -182,3 +182,17 @@ def test_reorthonormalize_cleans_nearly_orthonormal_columns_in_place_of_a_full_q
     V = reorthonormalize(U)
     assert (V.transpose(1, 2) @ V - torch.eye(6, **f64)).abs().max() < 1e-13
     assert (V - U).abs().max() < 1e-3                 # each column stays where it was
+
+
+def test_top_eigh_without_scipy_takes_the_full_decomposition(monkeypatch):
+    import gdacil.linalg as linalg
+
+    A = hard_spectrum_covariances(d=64, rank=8, n_classes=2)
+    fast = top_eigh(A, 8, return_smallest=True)
+    monkeypatch.setattr(linalg, "_lapack", lambda: None)     # SciPy is an optional dependency
+    slow = top_eigh(A, 8, return_smallest=True)
+    model = [U @ torch.diag_embed(s) @ U.transpose(1, 2) for U, s, _ in (fast, slow)]
+    torch.testing.assert_close(model[0], model[1], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(fast[2], slow[2], rtol=1e-10, atol=1e-12)
+    with pytest.raises(ModuleNotFoundError, match="needs SciPy"):
+        linalg.lapack_top_eigh(A[0].numpy(), 8)

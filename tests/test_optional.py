@@ -13,7 +13,7 @@ from gdacil.io import save_tensors
 
 
 class _Backbone:
-    dim = 2
+    dim, device = 2, torch.device("cpu")
 
     def __call__(self, batch):
         return torch.zeros(len(batch), 2)

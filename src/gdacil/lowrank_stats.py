@@ -160,6 +160,7 @@ class LowRankGaussians(ClassStatistics):
         if decomposition not in ("eigh", "randomized"):
             raise ValueError(f"decomposition must be 'eigh' or 'randomized'; got {decomposition!r}")
         self.decomposition = decomposition
+        self._decomposition_checks_psd = decomposition == "eigh"   # see ClassStatistics
         self.decomposition_dtype = as_dtype(decomposition_dtype, allowed=_STORAGE_DTYPES)
         if decomposition == "randomized" and self.decomposition_dtype != torch.float64:
             raise ValueError("decomposition_dtype='float32' applies to decomposition='eigh'; the "
@@ -325,10 +326,6 @@ class LowRankGaussians(ClassStatistics):
                 "running covariance sum NaN or inf (float64 overflow); nothing was changed. "
                 "Rescale the features")
         return total
-
-    @property
-    def _decomposition_checks_psd(self) -> bool:
-        return self.decomposition == "eigh"
 
     def _compress(self, covs: torch.Tensor, labels: list[int], *, refuse_indefinite: bool):
         """``(U, s, sigma^2)`` of float64 covariances ``(k, d, d)``. With ``refuse_indefinite``

@@ -155,10 +155,10 @@ def build_breakdown(classes: SyntheticClasses, labels: list[int], cfg: ScaleBenc
 
     _, covs = classes.moments(labels)
     dtype = getattr(torch, cfg.decomposition_dtype)
+    low = covs.to(dtype)
     steps = {"validate": lambda: check_covariances(covs, labels, psd=False),
              "convert": lambda: covs.to(dtype),
              "decompose": lambda: top_eigh(low, cfg.rank, return_smallest=True)}
-    low = covs.to(dtype)
     out = {name: best_time(step, repeats=1) / len(labels) for name, step in steps.items()}
     U = top_eigh(low, cfg.rank)[0].double()
     out["orthonormalize"] = (best_time(lambda: reorthonormalize(U), repeats=1) / len(labels)
