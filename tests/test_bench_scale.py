@@ -64,8 +64,11 @@ def test_quick_inline_run_reports_every_figure(tmp_path):
     assert (tmp_path / "scale.png").stat().st_size > 0
 
 
-def test_a_cell_runs_in_its_own_process():
-    cfg = bench.ScaleBenchConfig(**{**bench.asdict(bench.QUICK), "classes": (30,)})
+def test_a_cell_runs_in_its_own_process_and_builds_in_two():
+    cfg = bench.ScaleBenchConfig(**{**bench.asdict(bench.QUICK), "classes": (30,),
+                                    "processes": 2, "reference_classes": (30,)})
     (row,) = bench.run(cfg, log=lambda _: None)["results"]
     assert "error" not in row, row
     assert row["classes"] == 30 and row["peak_rss_bytes"] > 0
+    assert row["generate_s"] is None          # the workers draw their own classes
+    assert row["against_float64"]["topk_entries_differ"] == 0

@@ -467,3 +467,19 @@ def test_add_classes_refuses_an_indefinite_covariance_before_any_change(decompos
     tiny = torch.diag(torch.tensor([1.0, 1.0, 1.0, 1.0, -1e-6], dtype=torch.float64))
     stats.add_classes([4], torch.zeros(1, 5), tiny[None], [10])
     assert stats.classes == [0, 4]
+
+
+def test_build_in_processes_equals_one_process():
+    from gdacil.bench.scale import QUICK, SyntheticMoments
+    from gdacil.lowrank_stats import build_in_processes
+
+    moments, labels = SyntheticMoments(QUICK), list(range(5, 16))
+    params = {"dim": QUICK.dim, "rank": QUICK.rank, "decomposition_dtype": "float32"}
+    one = LowRankGaussians(**params).add_classes(labels, *moments(labels))
+    two = build_in_processes(moments, labels, processes=3, block=2, **params)
+    assert two.classes == labels and two.decomposition_dtype == torch.float32
+    for name in ("counts", "means", "eigenvectors", "eigenvalues", "residual_variances"):
+        assert torch.equal(getattr(two, name), getattr(one, name)), name
+    avg = one.average_covariance()      # the sum is taken in another order: round-off
+    torch.testing.assert_close(two.average_covariance(), avg, rtol=0,
+                               atol=1e-14 * float(avg.abs().max()))

@@ -31,6 +31,9 @@ when a class is compressed. Which operations keep ``Sigma_avg`` exact:
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import os
 from collections.abc import Sequence
 from typing import Any, ClassVar, NamedTuple
 
@@ -52,7 +55,7 @@ from ._validation import (
 from .linalg import class_top_eigh, reorthonormalize, symmetrize, top_eigh
 from .stats import ClassGaussians, ClassStatistics
 
-__all__ = ["LowRankFactors", "LowRankGaussians"]
+__all__ = ["LowRankFactors", "LowRankGaussians", "build_in_processes"]
 
 #: Largest ``|U^T U - I|`` of loaded eigenvectors, by storage dtype: two orders of magnitude above
 #: the rounding of orthonormal float64 columns to that dtype
@@ -471,3 +474,71 @@ class LowRankGaussians(ClassStatistics):
     def _deviations(self, factors, noise: torch.Tensor) -> torch.Tensor:
         U, g, sc = (t.to(device=self.device, dtype=torch.float64) for t in factors)
         return sc[:, None, None] * noise + ((noise @ U) * g[:, None, :]) @ U.transpose(1, 2)
+
+
+def build_in_processes(moments, labels: Sequence[int], *, processes: int, block: int = 100,
+                       **params) -> LowRankGaussians:
+    """:class:`LowRankGaussians` of ``labels``, compressed by ``processes`` worker processes.
+
+    ``moments(block_labels)`` returns ``(means, covariances, counts)`` of a list of labels; it
+    must be picklable (a module-level function or an object of one), since it runs in freshly
+    spawned workers (not forked: the OpenMP and BLAS thread pools of this process do not survive
+    a fork safely), so a script that calls it needs the ``if __name__ == "__main__":`` guard.
+    Worker ``i`` adds a contiguous ``1/processes`` share of ``labels``, ``block`` at a time, with
+    one thread, and saves its statistics (safetensors) to a temporary folder;
+    they are merged in order. Each class's compression depends on that class alone, so the result
+    is that of :meth:`LowRankGaussians.add_classes` of every label in one process, the float64
+    sum of the covariances (summed in another order) to round-off. ``params`` go to
+    :class:`LowRankGaussians` (``dim`` and ``rank`` included).
+
+    The speed-up comes from LAPACK's tridiagonalisation, which is bound by memory traffic within
+    one process: on 2 cores, two single-threaded workers compress about 1.7x as fast as one
+    process with two threads.
+    """
+    import multiprocessing
+    import tempfile
+    from pathlib import Path
+
+    labels = [int(c) for c in labels]
+    processes = check_positive_int(processes, "processes")
+    cut = [len(labels) * i // processes for i in range(processes + 1)]
+    shares = [labels[a:b] for a, b in itertools.pairwise(cut) if b > a]
+    with tempfile.TemporaryDirectory(prefix="gdacil-build-") as tmp:
+        paths = [str(Path(tmp) / f"share{i}.safetensors") for i in range(len(shares))]
+        jobs = [(moments, share, block, params, path) for share, path in zip(shares, paths)]
+        with _single_threaded_children(), multiprocessing.get_context("spawn").Pool(
+                len(shares)) as pool:
+            pool.starmap(_build_share, jobs)
+        out = LowRankGaussians(**params)
+        for path in paths:
+            out.merge(LowRankGaussians.load(path))
+    return out
+
+
+#: Thread-count variables of OpenMP, MKL and OpenBLAS, read when each library loads
+_THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+@contextlib.contextmanager
+def _single_threaded_children():
+    """Processes started inside inherit one thread per library. Set in the environment before
+    they start: a limit set once a library is loaded misses the BLAS that SciPy loads later, and
+    two processes whose thread pools spin over two cores run many times slower."""
+    saved = {name: os.environ.get(name) for name in _THREAD_VARIABLES}
+    os.environ.update(dict.fromkeys(_THREAD_VARIABLES, "1"))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _build_share(moments, labels: list[int], block: int, params: dict, path: str) -> None:
+    stats = LowRankGaussians(**params)
+    for start in range(0, len(labels), block):
+        part = labels[start:start + block]
+        stats.add_classes(part, *moments(part))
+    stats.save(path)
