@@ -80,5 +80,16 @@ def test_mixed_precision_features_are_close_and_cached_apart(precision):
     assert bb.fingerprint() != fp32_key  # a cache never serves one precision's features for another
     assert bb.set_precision("fp32").fingerprint() == fp32_key
     assert torch.equal(bb.extract(images, batch_size=4), exact)
-    with pytest.raises(ValueError, match="unknown precision 'fp8'; known: fp32, bf16, fp16"):
+    with pytest.raises(ValueError, match="unknown precision 'fp8'; known: auto, fp32, bf16, fp16"):
         bb.set_precision("fp8")
+
+
+@needs_transformers
+@pytest.mark.parametrize("native", [False, True])
+def test_auto_precision_is_bf16_only_where_bfloat16_is_native(monkeypatch, native):
+    monkeypatch.setattr(base, "native_bfloat16", lambda device: native)
+    bb = build_backbone("vit", config=TINY_VIT)
+    assert bb.set_precision("auto").precision == ("bf16" if native else "fp32")
+    fp32 = build_backbone("vit", config=TINY_VIT).set_precision("fp32")
+    # the resolved precision keys the cache: "auto" on an AVX2 CPU reads the fp32 features
+    assert (bb.fingerprint() == fp32.fingerprint()) is not native

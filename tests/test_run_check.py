@@ -46,6 +46,9 @@ def test_precision_is_validated_and_reaches_the_backbone(tmp_path):
         load_config(write(tmp_path, base), ["backbone.precision=fp16", "strategy={name: seqft}"])
     cfg = load_config(write(tmp_path, base), ["backbone.precision=bf16"])
     assert build_feature_backbone(cfg).precision == "bf16"
+    from gdacil._hardware import native_bfloat16  # the default: "auto", resolved for the device
+    expected = "bf16" if native_bfloat16("cpu") else "fp32"
+    assert build_feature_backbone(load_config(write(tmp_path, base))).precision == expected
 
 
 @needs_transformers

@@ -72,8 +72,10 @@ class BackboneConfig(TypedConfig):
     projection_dim: int | None = None  # random ReLU projection (RanPAC-style) on top, if set
     projection_seed: int = 0
     batch_size: int = 64
-    # forward passes of extraction and Stage-1 training: fp32, or bf16/fp16 under autocast
-    precision: str = "fp32"
+    # forward passes of extraction and Stage-1 training: fp32, or bf16/fp16 under autocast;
+    # "auto": bf16 where the device computes it natively (a GPU; a CPU with AVX512-BF16 or
+    # AMX), fp32 elsewhere
+    precision: str = "auto"
     # processes that load and preprocess samples (extraction) and build training batches
     # (Stage-1) while the model runs; "auto": none on the CPU (they would compete with the
     # forward passes), min(8, CPUs - 1) on a GPU. Results do not depend on it.
@@ -407,7 +409,7 @@ class ExperimentConfig(TypedConfig):
         from ..backbones.base import PRECISIONS
 
         precision = self.backbone.precision
-        check_choice(precision, "precision", PRECISIONS)
+        check_choice(precision, "precision", ("auto", *PRECISIONS))
         if precision == "fp16" and self.strategy.name != "frozen":
             raise ValueError("fp16 cannot train the backbone (no loss scaling): use bf16 with "
                              f"strategy {self.strategy.name!r}, or fp16 with frozen")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from .._deprecation import renamed_parameters
+from .._hardware import native_bfloat16
 from .._validation import all_finite, check_positive_int, check_seed
 from ..linalg import class_top_eigh, logdet_from_cholesky, psd_cholesky, symmetrize
 from ..lowrank_stats import LowRankGaussians
@@ -69,9 +70,7 @@ def _fast_screen_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
         return dtype
     if dtype == torch.float64:
         return torch.float32
-    native_bf16 = any(getattr(torch.cpu, name, lambda: False)()
-                      for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
-    return torch.bfloat16 if dtype == torch.float32 and native_bf16 else dtype
+    return torch.bfloat16 if dtype == torch.float32 and native_bfloat16(device) else dtype
 
 
 def _lowered_gemm_error(dtype: torch.dtype, exact: torch.dtype, dim: int) -> float:
