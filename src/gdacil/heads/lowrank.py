@@ -52,6 +52,10 @@ __all__ = ["LRRGDA"]
 #: not on how many pass the screening: with 90% passing, a pruned argmax still ran at 1.9x.
 AUTO_PILOT = 64
 ROUND_ROW_COST = 2.5
+#: ... and a pilot stops right after its screening (about (j + 1) / (r + 1) of a dense pass)
+#: when more than this share of its pairs passed: the rounds would then spend most of its
+#: budget before dropping any (top-5 lists under the default regularisation: 99-100% pass)
+AUTO_MAX_PASS = 0.9
 #: From this many classes ``pruned="auto"`` tries pruning (and ``predict`` takes the exact
 #: pruned argmax, ``top_k(X, 1)``): 3.7-4.8x dense at 1,000 classes in ``gdacil bench scale``,
 #: while on small heads the screening costs more than it saves (0.1-0.3x dense at 60-120
@@ -353,7 +357,8 @@ class LRRGDA(GaussianHead):
             prunes the first batch (at most ``AUTO_PILOT`` samples) with the cost of scoring
             it densely as a budget (rows of the rounds counted at ``ROUND_ROW_COST`` dense
             rows each), and goes on pruning only if the pilot finished within it; otherwise
-            the pilot stops where it ran out and everything is scored densely (see
+            the pilot stops where it ran out (right after its screening if more than
+            ``AUTO_MAX_PASS`` of its pairs passed) and everything is scored densely (see
             ``benchmarks/scale.md``). Either way the result is exact.
         screen_rank : int, default 8
             Quadratic rows per class in the screening pass. On ``gdacil bench scale``'s 2,000
@@ -400,7 +405,7 @@ class LRRGDA(GaussianHead):
         starts = list(range(0, X.shape[0], sample_batch))
         if pruned == "auto" and X.shape[0]:  # a pilot batch decides for the rest
             pilot = min(AUTO_PILOT, X.shape[0])
-            parts.append(self._pruned_or_dense(X[:pilot], k, j, screen,
+            parts.append(self._pruned_or_dense(X[:pilot], k, j, screen, AUTO_MAX_PASS,
                                                row_budget=pilot * C * rows_per_class))
             if parts[0][4] is None:          # the pilot ran out of its budget
                 mode = "dense"
@@ -423,12 +428,13 @@ class LRRGDA(GaussianHead):
                               "mode": mode}
         return torch.cat(out_scores), self.classes_[torch.cat(out_idx).cpu()]
 
-    def _pruned_or_dense(self, X, k: int, j: int, screen, row_budget: float | None = None):
+    def _pruned_or_dense(self, X, k: int, j: int, screen, max_pass: float | None = None,
+                         row_budget: float | None = None):
         """``(scores, idx, pairs scored, classes scored, rows)`` of the pruned top-k of ``X``,
         or of the dense scores (``rows`` None) where a bound or score overflows the head's dtype
-        (rescaled in float64, or refused), or where pruning would cost more than
-        ``row_budget`` (see :meth:`_pruned_top_k`)."""
-        result = self._pruned_top_k(X, k, j, screen, row_budget)
+        (rescaled in float64, or refused), or where more than ``max_pass`` of the pairs pass
+        the screening or pruning would cost more than ``row_budget`` (:meth:`_pruned_top_k`)."""
+        result = self._pruned_top_k(X, k, j, screen, max_pass, row_budget)
         if result is None or not all_finite(result[0]):
             return self._dense_part(X, k)
         return result
@@ -529,13 +535,14 @@ class LRRGDA(GaussianHead):
         return lin, lower, upper, sq_norm, margin
 
     def _pruned_top_k(self, X: torch.Tensor, k: int, j: int, dtype: torch.dtype,
-                      row_budget: float | None = None):
+                      max_pass: float | None = None, row_budget: float | None = None):
         """Screen with ``j`` rows, then add rows in rounds (``j -> 3j -> ... -> r``) to the
         pairs whose upper bound still reaches the ``k``-th best lower bound of their sample.
         Returns ``(scores, idx, pairs scored, classes scored, rows)``, ``rows`` counting the
         (sample, class, row) products with the rounds' at ``ROUND_ROW_COST`` each. ``None``
-        where a bound overflows the head's dtype, or where the next round would take ``rows``
-        past ``row_budget`` (dense scoring is then cheaper)."""
+        where a bound overflows the head's dtype, where more than ``max_pass`` of the pairs
+        pass the screening, or where the next round would take ``rows`` past ``row_budget``
+        (dense scoring is then cheaper)."""
         lin, lower, upper, sq_norm, margin = self._bounds(X, j, dtype)
         if not (all_finite(lower) and all_finite(upper) and all_finite(margin)):
             return None  # a bound overflowed, so pairs could be dropped wrongly: score densely
@@ -545,6 +552,8 @@ class LRRGDA(GaussianHead):
         floor = self._exact_scores(X, lin, lower.topk(k, dim=1).indices).amin(1, keepdim=True)
         threshold = floor - 2.0 * margin        # bounds and threshold carry one margin each
         cls, smp = (upper >= threshold).T.nonzero(as_tuple=True)        # sorted by class
+        if max_pass is not None and len(smp) > max_pass * upper.numel():
+            return None
         scored, classes = len(smp), len(torch.unique_consecutive(cls))
         rows = upper.numel() * (j + 1) + ROUND_ROW_COST * X.shape[0] * k * r  # screen, floor
         # a pair's score is base + screened + rest: its linear score, its first j rows (a lower
