@@ -405,14 +405,17 @@ class LRRGDA(GaussianHead):
         starts = list(range(0, X.shape[0], sample_batch))
         if pruned == "auto" and X.shape[0]:  # a pilot batch decides for the rest
             pilot = min(AUTO_PILOT, X.shape[0])
-            parts.append(self._pruned_or_dense(X[:pilot], k, j, screen, AUTO_MAX_PASS,
-                                               row_budget=pilot * C * rows_per_class))
-            if parts[0][4] is None:          # the pilot ran out of its budget
+            result = self._pruned_top_k(X[:pilot], k, j, screen, AUTO_MAX_PASS,
+                                        row_budget=pilot * C * rows_per_class)
+            if result is None or not all_finite(result[0]):
                 mode = "dense"
-            starts = list(range(pilot, X.shape[0], sample_batch))
-        if mode == "dense" and starts:
-            rest = X[starts[0]:]
-            parts.append(self._dense_part(rest, k))
+            else:
+                parts.append(result)
+                starts = list(range(pilot, X.shape[0], sample_batch))
+        if mode == "dense":
+            # every sample in one pass, the pilot's too: a dense pass reads every class's rows,
+            # about as slow for the pilot's few samples as for all of them
+            parts.append(self._dense_part(X, k))
         else:
             parts += [self._pruned_or_dense(X[a:a + sample_batch], k, j, screen) for a in starts]
         out_scores = [p[0] for p in parts]
