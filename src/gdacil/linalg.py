@@ -134,16 +134,15 @@ def top_eigh(A: torch.Tensor, rank: int, *, return_smallest: bool = False):
     of ``(A + A^T) / 2`` is taken; both agree to round-off.
     """
     if (A.device.type == "cpu" and A.dtype in (torch.float32, torch.float64)
-            and rank < A.shape[-1] and _lapack() is not None):
+            and 0 < rank < A.shape[-1] and A.numel() and _lapack() is not None):
         d = A.shape[-1]
         # LAPACK reads one triangle, here the upper one of each row-major matrix (the lower
         # triangle of its column-major transpose, passed without a copy)
-        flat = A.detach().reshape(-1, d, d).numpy()
-        parts = [lapack_top_eigh(a.T, rank) for a in flat]
-        U = torch.from_numpy(np.stack([p[0] for p in parts]) if parts else np.empty((0, d, rank)))
-        s = torch.from_numpy(np.stack([p[1] for p in parts]) if parts else np.empty((0, rank)))
-        U, s = U.to(A.dtype).reshape(*A.shape[:-1], rank), s.to(A.dtype).reshape(*A.shape[:-2], rank)
-        smallest = torch.tensor([p[2] for p in parts], dtype=A.dtype).reshape(A.shape[:-2])
+        vectors, values, lowest = zip(*(lapack_top_eigh(a.T, rank)
+                                        for a in A.detach().reshape(-1, d, d).numpy()))
+        U = torch.from_numpy(np.stack(vectors)).reshape(*A.shape[:-1], rank)
+        s = torch.from_numpy(np.stack(values)).reshape(*A.shape[:-2], rank)
+        smallest = torch.tensor(lowest, dtype=A.dtype).reshape(A.shape[:-2])
     else:
         full, V = torch.linalg.eigh(symmetrize(A))
         U, s, smallest = V.flip(-1)[..., :rank], full.flip(-1)[..., :rank], full[..., 0]

@@ -485,8 +485,8 @@ def build_in_processes(moments, labels: Sequence[int], *, processes: int, block:
     spawned workers (not forked: the OpenMP and BLAS thread pools of this process do not survive
     a fork safely), so a script that calls it needs the ``if __name__ == "__main__":`` guard.
     Worker ``i`` adds a contiguous ``1/processes`` share of ``labels``, ``block`` at a time, with
-    one thread, and saves its statistics (safetensors) to a temporary folder;
-    they are merged in order. Each class's compression depends on that class alone, so the result
+    one thread, and saves its statistics (safetensors) to a temporary folder; they are merged in
+    order. Each class's compression depends on that class alone, so the result
     is that of :meth:`LowRankGaussians.add_classes` of every label in one process, the float64
     sum of the covariances (summed in another order) to round-off. ``params`` go to
     :class:`LowRankGaussians` (``dim`` and ``rank`` included).

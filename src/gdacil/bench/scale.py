@@ -7,7 +7,9 @@ process so peak memory is per cell:
   and are added to :class:`~gdacil.LowRankGaussians` (validated, then compressed to their exact
   top-q eigenpairs in ``decomposition_dtype``; the dense blocks are discarded), then the LR-RGDA
   head is built from the stored eigenpairs. ``compress_s + fit_s`` is what a model of ``C``
-  classes costs to build; drawing the synthetic covariances (``generate_s``) is not part of it.
+  classes costs to build. With ``processes > 1`` the worker processes of
+  :func:`~gdacil.lowrank_stats.build_in_processes` draw the synthetic covariances too, so
+  ``compress_s`` includes drawing them; in one process that is timed apart (``generate_s``).
   Where the time goes is measured per class on the first block: validation (finite, symmetric),
   the decomposition, and the re-orthonormalisation of float32 eigenvectors.
 - **against a float64 build** (for ``C`` in ``reference_classes``): the same classes compressed
@@ -129,16 +131,16 @@ class SyntheticClasses:
         return means[inverse] + principal + cfg.noise_variance ** 0.5 * noise
 
 
-def _compress(stats, classes: SyntheticClasses, labels: list[int], block: int
+def _compress(stats, moments: SyntheticMoments, labels: list[int], block: int
               ) -> tuple[float, float]:
     """Add ``labels`` to ``stats`` block by block; seconds spent ``(generating, adding)``."""
     generate_s = add_s = 0.0
     for start in range(0, len(labels), block):
         part = labels[start:start + block]
         t0 = time.perf_counter()
-        means, covs = classes.moments(part)
+        block_moments = moments(part)
         t1 = time.perf_counter()
-        stats.add_classes(part, means, covs, torch.full((len(part),), 1000.0))
+        stats.add_classes(part, *block_moments)
         generate_s, add_s = generate_s + t1 - t0, add_s + time.perf_counter() - t1
     return generate_s, add_s
 
@@ -160,24 +162,19 @@ def _params(cfg: ScaleBenchConfig, decomposition_dtype: str) -> dict:
             "decomposition_dtype": decomposition_dtype, "seed": cfg.seed}
 
 
-def _statistics(cfg: ScaleBenchConfig, decomposition_dtype: str):
-    from ..lowrank_stats import LowRankGaussians
-
-    return LowRankGaussians(**_params(cfg, decomposition_dtype))
-
-
-def _build(cfg: ScaleBenchConfig, classes: SyntheticClasses, C: int, decomposition_dtype: str):
+def _build(cfg: ScaleBenchConfig, C: int, decomposition_dtype: str):
     """``(statistics, seconds generating, seconds building)`` of classes ``0 .. C - 1``. With
     several processes the workers generate their own classes: generation is then part of the
     build's seconds (``None`` for its own)."""
-    from ..lowrank_stats import build_in_processes
+    from ..lowrank_stats import LowRankGaussians, build_in_processes
 
+    params = _params(cfg, decomposition_dtype)
     if cfg.processes == 1:
-        stats = _statistics(cfg, decomposition_dtype)
-        return (stats, *_compress(stats, classes, list(range(C)), cfg.block))
+        stats = LowRankGaussians(**params)
+        return (stats, *_compress(stats, SyntheticMoments(cfg), list(range(C)), cfg.block))
     start = time.perf_counter()
     stats = build_in_processes(SyntheticMoments(cfg), range(C), processes=cfg.processes,
-                               block=cfg.block, **_params(cfg, decomposition_dtype))
+                               block=cfg.block, **params)
     return stats, None, time.perf_counter() - start
 
 
@@ -220,7 +217,7 @@ def measure(C: int, cfg: ScaleBenchConfig) -> dict:
     from ..heads import LRRGDA
 
     classes = SyntheticClasses(cfg)
-    stats, generate_s, compress_s = _build(cfg, classes, C, cfg.decomposition_dtype)
+    stats, generate_s, compress_s = _build(cfg, C, cfg.decomposition_dtype)
     head = LRRGDA(rank=cfg.rank, dtype=torch.float32)
     start = time.perf_counter()
     head.fit(stats)
@@ -240,7 +237,7 @@ def measure(C: int, cfg: ScaleBenchConfig) -> dict:
     row["dense_throughput"] = cfg.queries / dense_s
     row["top1_accuracy"] = float((dense_labels[:, 0] == truth).double().mean())
     if C in cfg.reference_classes and cfg.decomposition_dtype != "float64":
-        reference, _, row["reference_compress_s"] = _build(cfg, classes, C, "float64")
+        reference, _, row["reference_compress_s"] = _build(cfg, C, "float64")
         reference = LRRGDA(rank=cfg.rank, dtype=torch.float32).fit(reference)
         row["against_float64"] = _decisions_against(head, reference, X, cfg.topk)
         del reference
@@ -258,7 +255,7 @@ def measure(C: int, cfg: ScaleBenchConfig) -> dict:
                                                          dense_labels[:, 0]))}
 
     new = list(range(C, C + cfg.added))
-    _, add_compress_s = _compress(stats, classes, new, cfg.block)
+    _, add_compress_s = _compress(stats, SyntheticMoments(cfg), new, cfg.block)
     start = time.perf_counter()
     head.fit(stats)
     refit_s = time.perf_counter() - start

@@ -422,7 +422,7 @@ class LRRGDA(GaussianHead):
         out_idx = [p[1] for p in parts]
         pairs = sum(p[2] for p in parts)
         classes = sum(p[3] * len(p[0]) for p in parts)
-        rows = sum(p[4] if p[4] is not None else len(p[0]) * C * rows_per_class for p in parts)
+        rows = sum(p[4] for p in parts)
         self.last_pruning_ = {"pairs_scored_fraction": pairs / (X.shape[0] * C),
                               "classes_scored_fraction": classes / (X.shape[0] * C),
                               "rows_fraction": rows / (X.shape[0] * C * rows_per_class),
@@ -431,20 +431,20 @@ class LRRGDA(GaussianHead):
                               "mode": mode}
         return torch.cat(out_scores), self.classes_[torch.cat(out_idx).cpu()]
 
-    def _pruned_or_dense(self, X, k: int, j: int, screen, max_pass: float | None = None,
-                         row_budget: float | None = None):
-        """``(scores, idx, pairs scored, classes scored, rows)`` of the pruned top-k of ``X``,
-        or of the dense scores (``rows`` None) where a bound or score overflows the head's dtype
-        (rescaled in float64, or refused), or where more than ``max_pass`` of the pairs pass
-        the screening or pruning would cost more than ``row_budget`` (:meth:`_pruned_top_k`)."""
-        result = self._pruned_top_k(X, k, j, screen, max_pass, row_budget)
+    def _pruned_or_dense(self, X, k: int, j: int, screen):
+        """``(scores, idx, pairs scored, classes scored, rows)`` of the pruned top-k of ``X``, or
+        of the dense scores where a bound or score overflows the head's dtype (rescaled in
+        float64, or refused)."""
+        result = self._pruned_top_k(X, k, j, screen)
         if result is None or not all_finite(result[0]):
             return self._dense_part(X, k)
         return result
 
     def _dense_part(self, X, k: int):
-        C = self.rows_.shape[0]
-        return (*self._decision(X).topk(k, dim=1), X.shape[0] * C, C, None)
+        """:meth:`_pruned_or_dense`'s tuple for dense scores of ``X``: every pair and row."""
+        C, rows_per_class, _ = self.rows_.shape
+        n = X.shape[0]
+        return (*self._decision(X).topk(k, dim=1), n * C, C, n * C * rows_per_class)
 
     def _screen_dtype(self, requested) -> torch.dtype:
         if isinstance(requested, str) and requested == "auto":
