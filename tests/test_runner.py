@@ -107,6 +107,8 @@ def test_resume_after_an_interruption_gives_identical_results(tmp_path):
     assert not (tmp_path / "killed" / "results.json").exists()
     with pytest.raises(FileExistsError, match="--resume"):
         run_experiment(cfg, log=lambda *_: None)
+    # a worker count changes how fast features come, not what they are: it may differ on resume
+    cfg.backbone.num_workers = 1
     resumed = run_experiment(cfg, resume=True, log=lambda *_: None)
     assert resumed == full
     assert ((tmp_path / "killed" / "results.json").read_bytes()
@@ -126,6 +128,31 @@ def test_resume_refuses_a_checkpoint_of_another_configuration(tmp_path):
     other = vit_config(tmp_path, heads={"ncm": {}})
     with pytest.raises(ValueError, match="different configuration"):
         run_experiment(other, resume=True, log=lambda *_: None)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_the_fingerprint_and_results_hold_the_precision_that_runs(monkeypatch, tmp_path, native):
+    import gdacil.backbones.base as base
+    from gdacil.cil.metrics import IncrementalMetrics, TaskEvaluation
+    from gdacil.cil.results import results_record
+    from gdacil.cil.runner import experiment_fingerprint
+
+    monkeypatch.setattr(base, "native_bfloat16", lambda device: native)
+
+    def fingerprint(precision, workers="auto"):
+        return experiment_fingerprint(vit_config(tmp_path, backbone={
+            "name": "vit", "options": {"config": TINY_VIT}, "precision": precision,
+            "num_workers": workers}))
+
+    ran = "bf16" if native else "fp32"
+    assert fingerprint("auto") == fingerprint(ran) != fingerprint({"bf16": "fp32"}.get(ran, "bf16"))
+    assert fingerprint("auto", workers=0) == fingerprint("auto", workers=3)
+    metrics = IncrementalMetrics(n_tasks=1)
+    metrics.add(TaskEvaluation(np.array([0, 1]), np.array([0, 1]), np.array([0, 0])))
+    record = results_record(vit_config(tmp_path), {3: {"ncm": metrics}})
+    assert record["backbone_precision"] == ran and record["config"]["backbone"]["precision"] == "auto"
+    assert "num_workers" not in record["config"]["backbone"]
+    assert "output_dir" not in record["config"]
 
 
 @needs_transformers

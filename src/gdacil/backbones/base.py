@@ -80,7 +80,7 @@ def resolve_precision(precision: str, device) -> str:
     (:func:`gdacil._hardware.native_bfloat16`), "fp32" elsewhere. On the demo and a SeqFT run,
     bf16 stayed within 0.2 points of fp32 on every head (``benchmarks/precision.md``)."""
     if precision == "auto":
-        return "bf16" if native_bfloat16(device) else "fp32"
+        return "bf16" if native_bfloat16(as_device(device)) else "fp32"
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; known: auto, {', '.join(PRECISIONS)}")
     return precision

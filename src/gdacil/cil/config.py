@@ -36,12 +36,26 @@ __all__ = [
     "check_output_name",
     "config_from_dict",
     "load_config",
+    "without_reporting_keys",
 ]
 
 
-#: Settings of :class:`ExperimentConfig` that change where a run writes and how it reports its
-#: progress, never its results: left out of its fingerprint and of ``results.json``.
-REPORTING_KEYS = ("output_dir", "cache_dir", "progress", "threads", "tensorboard")
+#: Settings of :class:`ExperimentConfig` (dotted paths) that change where a run writes, how it
+#: reports its progress or how fast it runs, never its results: left out of its fingerprint and
+#: of ``results.json``, so a run resumes with other values.
+REPORTING_KEYS = ("output_dir", "cache_dir", "progress", "threads", "tensorboard",
+                  "backbone.num_workers")
+
+
+def without_reporting_keys(config: dict) -> dict:
+    """``config`` (:meth:`ExperimentConfig.to_dict`) without :data:`REPORTING_KEYS`, in place."""
+    for key in REPORTING_KEYS:
+        *parents, leaf = key.split(".")
+        section = config
+        for parent in parents:
+            section = section[parent]
+        section.pop(leaf)
+    return config
 
 
 def check_output_name(name) -> str:
@@ -80,6 +94,13 @@ class BackboneConfig(TypedConfig):
     # (Stage-1) while the model runs; "auto": none on the CPU (they would compete with the
     # forward passes), min(8, CPUs - 1) on a GPU. Results do not depend on it.
     num_workers: int | str = "auto"
+
+    def resolved_precision(self) -> str:
+        """:attr:`precision` with ``"auto"`` resolved for the device in :attr:`options` (the CPU
+        when unset): what extraction and Stage-1 training run in."""
+        from ..backbones.base import resolve_precision
+
+        return resolve_precision(self.precision, self.options.get("device"))
 
     def resolve_workers(self, device) -> int:
         """``num_workers`` as a count for a backbone on ``device``."""

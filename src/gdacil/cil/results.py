@@ -15,7 +15,7 @@ import numpy as np
 
 from .._plotting import save_figure, subplots
 from ..io import atomic_write_text
-from .config import REPORTING_KEYS, ExperimentConfig
+from .config import ExperimentConfig, without_reporting_keys
 from .metrics import IncrementalMetrics, summarize_seeds
 
 __all__ = ["results_record", "results_table", "write_results"]
@@ -27,7 +27,8 @@ logger = logging.getLogger(__name__)
 
 def results_record(cfg: ExperimentConfig, metrics: dict[int, dict[str, IncrementalMetrics]], *,
                    diagnostics: dict | None = None) -> dict:
-    """The content of ``results.json``: the config (without storage locations), the metrics
+    """The content of ``results.json``: the config (without :data:`~gdacil.cil.REPORTING_KEYS`),
+    the precision the backbone ran in (``backbone_precision``, ``"auto"`` resolved), the metrics
     per seed and head, their summary over seeds, and ``diagnostics`` if any."""
     per_seed = {str(seed): {label: m.to_dict() for label, m in heads.items()}
                 for seed, heads in metrics.items()}
@@ -42,8 +43,8 @@ def results_record(cfg: ExperimentConfig, metrics: dict[int, dict[str, Increment
                                "overrides": list(getattr(cfg, "overrides", ()))}
     if diagnostics:
         results["drift_diagnostics"] = {str(s): d for s, d in diagnostics.items()}
-    for key in REPORTING_KEYS:
-        results["config"].pop(key)
+    without_reporting_keys(results["config"])
+    results["backbone_precision"] = cfg.backbone.resolved_precision()
     return results
 
 

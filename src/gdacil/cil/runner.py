@@ -47,7 +47,7 @@ from ..io import remove_stale_temp_files
 from ..stats import ClassGaussians
 from .checkpoint import SeedState, load_checkpoint
 from .checkpoint import save_checkpoint as save_checkpoint  # bench pipeline patches it
-from .config import REPORTING_KEYS, ExperimentConfig, check_output_name
+from .config import ExperimentConfig, check_output_name, without_reporting_keys
 from .metrics import IncrementalMetrics, TaskEvaluation
 from .progress import RunProgress
 from .results import results_record, write_results
@@ -79,9 +79,9 @@ def output_dir(cfg: ExperimentConfig) -> Path:
 def experiment_fingerprint(cfg: ExperimentConfig) -> str:
     """Hash of everything that determines the results (not where they go, nor how the run
     reports its progress)."""
-    d = cfg.to_dict()
-    for key in REPORTING_KEYS:
-        d.pop(key)
+    d = without_reporting_keys(cfg.to_dict())
+    # what runs, so a run resumed where "auto" means another precision starts afresh
+    d["backbone"]["precision"] = cfg.backbone.resolved_precision()
     if cfg.statistics.storage == "dense":  # the default: fingerprints of earlier runs stay valid
         d.pop("statistics")
     d["protocol"] = cfg.build_protocol(0).identity()  # without storage locations
