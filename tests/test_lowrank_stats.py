@@ -1,6 +1,7 @@
 """LowRankGaussians against dense ClassGaussians references."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -483,3 +484,43 @@ def test_build_in_processes_equals_one_process():
     avg = one.average_covariance()      # the sum is taken in another order: round-off
     torch.testing.assert_close(two.average_covariance(), avg, rtol=0,
                                atol=1e-14 * float(avg.abs().max()))
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (waiting for a parent to reap it)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return "\nState:\tZ" not in status
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+def test_build_in_processes_workers_stop_when_their_caller_is_killed(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    markers, temp = tmp_path / "markers", tmp_path / "tmp"
+    markers.mkdir()
+    temp.mkdir()
+    script = Path(__file__).with_name("_slow_moments.py")
+    caller = subprocess.Popen([sys.executable, str(script), str(markers)],
+                              env={**os.environ, "TMPDIR": str(temp)})
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(markers.iterdir())) < 2:  # both workers are compressing
+            assert caller.poll() is None and time.monotonic() < deadline, "workers never started"
+            time.sleep(0.1)
+        assert list(temp.glob("gdacil-build-*"))
+    finally:
+        caller.send_signal(signal.SIGKILL)
+        caller.wait()
+    workers = [int(p.name) for p in markers.iterdir()]
+    deadline = time.monotonic() + 30
+    while any(map(_running, workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(_running, workers)), "orphaned workers kept running"
+    assert not list(temp.glob("gdacil-build-*")), "orphaned workers left their files"

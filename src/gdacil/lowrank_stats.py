@@ -34,7 +34,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import shutil
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -486,7 +488,7 @@ def build_in_processes(moments, labels: Sequence[int], *, processes: int, block:
     a fork safely), so a script that calls it needs the ``if __name__ == "__main__":`` guard.
     Worker ``i`` adds a contiguous ``1/processes`` share of ``labels``, ``block`` at a time, with
     one thread, and saves its statistics (safetensors) to a temporary folder; they are merged in
-    order. Each class's compression depends on that class alone, so the result
+    order. A worker whose caller is killed stops at its next block and removes that folder. Each class's compression depends on that class alone, so the result
     is that of :meth:`LowRankGaussians.add_classes` of every label in one process, the float64
     sum of the covariances (summed in another order) to round-off. ``params`` go to
     :class:`LowRankGaussians` (``dim`` and ``rank`` included).
@@ -497,7 +499,6 @@ def build_in_processes(moments, labels: Sequence[int], *, processes: int, block:
     """
     import multiprocessing
     import tempfile
-    from pathlib import Path
 
     labels = [int(c) for c in labels]
     processes = check_positive_int(processes, "processes")
@@ -505,7 +506,8 @@ def build_in_processes(moments, labels: Sequence[int], *, processes: int, block:
     shares = [labels[a:b] for a, b in itertools.pairwise(cut) if b > a]
     with tempfile.TemporaryDirectory(prefix="gdacil-build-") as tmp:
         paths = [str(Path(tmp) / f"share{i}.safetensors") for i in range(len(shares))]
-        jobs = [(moments, share, block, params, path) for share, path in zip(shares, paths)]
+        jobs = [(moments, share, block, params, path, os.getpid())
+                for share, path in zip(shares, paths)]
         with _single_threaded_children(), multiprocessing.get_context("spawn").Pool(
                 len(shares)) as pool:
             pool.starmap(_build_share, jobs)
@@ -536,9 +538,13 @@ def _single_threaded_children():
                 os.environ[name] = value
 
 
-def _build_share(moments, labels: list[int], block: int, params: dict, path: str) -> None:
+def _build_share(moments, labels: list[int], block: int, params: dict, path: str,
+                 parent: int) -> None:
     stats = LowRankGaussians(**params)
     for start in range(0, len(labels), block):
+        if os.getppid() != parent:  # the caller was killed: nobody will merge or clean up
+            shutil.rmtree(Path(path).parent, ignore_errors=True)
+            os._exit(1)
         part = labels[start:start + block]
         stats.add_classes(part, *moments(part))
     stats.save(path)
