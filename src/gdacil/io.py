@@ -14,6 +14,7 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ __all__ = [
     "CorruptFileError",
     "atomic_write_bytes",
     "atomic_write_text",
+    "atomic_write_with",
     "load_tensors",
     "remove_stale_temp_files",
     "save_tensors",
@@ -63,18 +65,25 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     disk, and the file is renamed over ``path``. A process killed before the rename leaves the
     temporary file behind; :func:`remove_stale_temp_files` removes such leftovers.
     """
+    return atomic_write_with(path, lambda tmp: tmp.write_bytes(data))
+
+
+def atomic_write_with(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
+    """:func:`atomic_write_bytes` for a writer that takes a path: ``write(tmp)`` fills the
+    temporary file ``tmp``, which is then flushed to disk and renamed over ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
+        write(tmp)
+        with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; results and caches are meant to be shared
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     return path
 
@@ -136,13 +145,13 @@ def tensors_checksum(tensors: dict[str, torch.Tensor], metadata_json: str) -> st
 def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict) -> Path:
     """Save tensors with safetensors and ``metadata`` as JSON inside the same file, atomically,
     with a checksum (:func:`tensors_checksum`) that :func:`load_tensors` verifies."""
-    save = require("safetensors.torch", **_SAFETENSORS).save
+    save_file = require("safetensors.torch", **_SAFETENSORS).save_file
 
     tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
     meta = json.dumps(metadata, sort_keys=True)
-    blob = save(tensors, metadata={_META_KEY: meta,
-                                   _CHECKSUM_KEY: tensors_checksum(tensors, meta)})
-    return atomic_write_bytes(path, blob)
+    header = {_META_KEY: meta, _CHECKSUM_KEY: tensors_checksum(tensors, meta)}
+    # written from the tensors' memory: no copy of the whole file is built in memory first
+    return atomic_write_with(path, lambda tmp: save_file(tensors, tmp, metadata=header))
 
 
 def load_tensors(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict]:
