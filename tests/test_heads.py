@@ -544,13 +544,44 @@ def test_auto_pruning_follows_the_pilot_cost_and_stays_exact(spread, k, mode, mo
             return row_norms(self, X, cls, smp, start, stop)
 
         monkeypatch.setattr(LRRGDA, "_row_norms", counted)
+        head.fit(stats)  # forgets the verdict: the next call runs a pilot again
         head.top_k(queries[:16], k, screen_rank=2)
+        assert head.last_pruning_["piloted"]
         r = head.rows_.shape[1] - 1
         assert not [1 for start, stop in rounds if start > 0 and stop == r]  # stopped early
         head.top_k(queries[:16], k, pruned=True, screen_rank=2)
         assert [1 for start, stop in rounds if start > 0 and stop == r]  # forced: to the end
     with pytest.raises(ValueError, match="pruned must be 'auto', True or False"):
         head.top_k(queries, k, pruned="sometimes")
+
+
+@pytest.mark.parametrize(("spread", "k", "mode"), [(4.0, 1, "pruned"), (0.5, 30, "dense")])
+def test_a_pilots_verdict_holds_for_the_next_calls_until_refit(spread, k, mode, monkeypatch):
+    """A pilot's verdict serves ``AUTO_VERDICT_CALLS`` later calls with the same k and screening
+    (no pilot: a call of a few samples would pay one each time), then a pilot runs again; another
+    k pilots for itself, and fit forgets. Every call stays exact."""
+    import gdacil.heads.lowrank as lowrank
+
+    monkeypatch.setattr(lowrank, "AUTO_PILOT", 16)
+    monkeypatch.setattr(lowrank, "AUTO_MIN_CLASSES", 10)
+    monkeypatch.setattr(lowrank, "AUTO_VERDICT_CALLS", 2)
+    stats, queries = pruning_problem(spread)
+    head = LRRGDA(rank=6).fit(stats)
+    dense = head.top_k(queries, k, pruned=False)[1]
+
+    def call(X, kk=k):
+        labels = head.top_k(X, kk, screen_rank=2, sample_batch=16)[1]
+        report = head.last_pruning_["piloted"], head.last_pruning_["mode"]
+        assert torch.equal(labels, head.top_k(X, kk, pruned=False)[1])
+        return report
+
+    assert torch.equal(head.top_k(queries, k, screen_rank=2, sample_batch=16)[1], dense)
+    assert head.last_pruning_["piloted"] and head.last_pruning_["mode"] == mode
+    assert [call(queries[i:i + 3]) for i in (0, 3)] == [(False, mode)] * 2  # a few samples each
+    assert call(queries) == (True, mode)                                     # the verdict expired
+    assert call(queries, kk=k + 1)[0]                                        # its own pilot
+    head.fit(stats)
+    assert call(queries)[0]
 
 
 @pytest.mark.parametrize(("dtype", "screen_dtype"), SCREENINGS)

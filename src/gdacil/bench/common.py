@@ -12,7 +12,7 @@ import torch
 
 from ..io import atomic_write_text
 
-__all__ = ["best_time", "gemm_rate", "machine_info", "markdown_table", "output_arguments",
+__all__ = ["best_time", "best_times", "gemm_rate", "machine_info", "markdown_table", "output_arguments",
            "refuse_to_overwrite", "write_json"]
 
 
@@ -21,14 +21,23 @@ def best_time(fn, *, repeats: int = 3, warmup: int = 1) -> float:
 
     The minimum is the least noisy estimate on a shared machine: noise only ever adds time.
     """
+    return best_times({"fn": fn}, repeats=repeats, warmup=warmup)["fn"]
+
+
+def best_times(fns: dict, *, repeats: int = 3, warmup: int = 1) -> dict:
+    """:func:`best_time` of each of ``fns`` (name -> callable), their calls taken in turn, so a
+    ratio of two compares timings taken under the same load (the machine's speed drifts by
+    about 10% over a minute)."""
     for _ in range(warmup):
-        fn()
-    times = []
+        for fn in fns.values():
+            fn()
+    best = dict.fromkeys(fns, float("inf"))
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
 
 
 def machine_info() -> dict:

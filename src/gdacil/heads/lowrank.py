@@ -56,6 +56,11 @@ ROUND_ROW_COST = 2.5
 #: when more than this share of its pairs passed: the rounds would then spend most of its
 #: budget before dropping any (top-5 lists under the default regularisation: 99-100% pass)
 AUTO_MAX_PASS = 0.9
+#: ... and its verdict (prune or score densely) holds for this many later calls with the same
+#: ``k`` and screening before a pilot runs again: it depends on the head and ``k`` far more than
+#: on the queries, and a pilot that gives up costs up to a dense pass of its samples (a tenth of
+#: a 1,024-sample top-5 call at 10,000 classes; all of a call of a few samples)
+AUTO_VERDICT_CALLS = 32
 #: From this many classes ``pruned="auto"`` tries pruning (and ``predict`` takes the exact
 #: pruned argmax, ``top_k(X, 1)``): 3.7-4.8x dense at 1,000 classes in ``gdacil bench scale``,
 #: while on small heads the screening costs more than it saves (0.1-0.3x dense at 60-120
@@ -303,6 +308,7 @@ class LRRGDA(GaussianHead):
 
     def fit(self, stats: ClassStatistics, *, model_terms=None) -> LRRGDA:
         self.__dict__.pop("_screen_cache", None)
+        self.__dict__.pop("_auto_modes", None)
         super().fit(stats, model_terms=model_terms)
         for name, value in self._fitted_bounds.items():
             setattr(self, name, value.to(device=self.device_, dtype=self.dtype_))
@@ -359,7 +365,9 @@ class LRRGDA(GaussianHead):
             rows each), and goes on pruning only if the pilot finished within it; otherwise
             the pilot stops where it ran out (right after its screening if more than
             ``AUTO_MAX_PASS`` of its pairs passed) and everything is scored densely (see
-            ``benchmarks/scale.md``). Either way the result is exact.
+            ``benchmarks/scale.md``). The pilot's verdict holds for the next
+            ``AUTO_VERDICT_CALLS`` calls with the same ``k`` and screening (until the next
+            ``fit``), which then run no pilot. Either way the result is exact.
         screen_rank : int, default 8
             Quadratic rows per class in the screening pass. On ``gdacil bench scale``'s 2,000
             classes the pruned argmax ran at 1.4-1.7x dense with 8 (1.3-1.7x with 4) under the
@@ -376,7 +384,8 @@ class LRRGDA(GaussianHead):
         scores : tensor ``(n, k)``, labels : int64 tensor ``(n, k)``; best first.
         ``last_pruning_`` reports the fraction of (sample, class) pairs that passed screening,
         of classes any sample needed, of the dense pass's (sample, class, row) products
-        computed, the screening rank and dtype, and the mode ("pruned" or "dense").
+        computed, the screening rank and dtype, the mode ("pruned" or "dense"), and whether
+        this call ran a pilot.
 
         Notes
         -----
@@ -398,20 +407,26 @@ class LRRGDA(GaussianHead):
             scores, idx = self._decision(X).topk(k, dim=1)
             self.last_pruning_ = {"pairs_scored_fraction": 1.0, "classes_scored_fraction": 1.0,
                                   "rows_fraction": 1.0, "screen_rank": 0, "screen_dtype": None,
-                                  "mode": "dense"}
+                                  "mode": "dense", "piloted": False}
             return scores, self.classes_[idx.cpu()]
         sample_batch = check_positive_int(sample_batch, "sample_batch")
-        parts, mode = [], "pruned"
+        parts: list[tuple] = []
         starts = list(range(0, X.shape[0], sample_batch))
-        if pruned == "auto" and X.shape[0]:  # a pilot batch decides for the rest
-            pilot = min(AUTO_PILOT, X.shape[0])
-            result = self._pruned_top_k(X[:pilot], k, j, screen, AUTO_MAX_PASS,
-                                        row_budget=pilot * C * rows_per_class)
-            if result is None or not all_finite(result[0]):
-                mode = "dense"
-            else:
-                parts.append(result)
-                starts = list(range(pilot, X.shape[0], sample_batch))
+        mode, piloted = "pruned", False
+        if pruned == "auto":
+            remembered = self._remembered_mode((k, j, screen))
+            if remembered is not None:
+                mode = remembered
+            else:  # a pilot batch decides for the rest and the next calls
+                piloted, pilot = True, min(AUTO_PILOT, X.shape[0])
+                result = self._pruned_top_k(X[:pilot], k, j, screen, AUTO_MAX_PASS,
+                                            row_budget=pilot * C * rows_per_class)
+                if result is None or not all_finite(result[0]):
+                    mode = "dense"
+                else:
+                    parts.append(result)
+                    starts = list(range(pilot, X.shape[0], sample_batch))
+                self.__dict__["_auto_modes"][(k, j, screen)] = [mode, AUTO_VERDICT_CALLS]
         if mode == "dense":
             # every sample in one pass, the pilot's too: a dense pass reads every class's rows,
             # about as slow for the pilot's few samples as for all of them
@@ -428,8 +443,17 @@ class LRRGDA(GaussianHead):
                               "rows_fraction": rows / (X.shape[0] * C * rows_per_class),
                               "screen_rank": j,
                               "screen_dtype": str(screen).removeprefix("torch."),
-                              "mode": mode}
+                              "mode": mode, "piloted": piloted}
         return torch.cat(out_scores), self.classes_[torch.cat(out_idx).cpu()]
+
+    def _remembered_mode(self, key) -> str | None:
+        """The mode a recent pilot chose for ``key`` (k, screening rank and dtype), this call
+        counted; None when none did within ``AUTO_VERDICT_CALLS`` calls."""
+        entry = self.__dict__.setdefault("_auto_modes", {}).get(key)
+        if entry is None or entry[1] == 0:
+            return None
+        entry[1] -= 1
+        return entry[0]
 
     def _pruned_or_dense(self, X, k: int, j: int, screen):
         """``(scores, idx, pairs scored, classes scored, rows)`` of the pruned top-k of ``X``, or
