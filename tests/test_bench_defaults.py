@@ -51,3 +51,25 @@ def test_last_acc_equals_a_direct_fit_on_all_classes():
         direct = 100 * head.fit(stats).score(X[test], y[test])
         assert abs(cell[name]["last_acc"] - direct) < 1e-9
         assert 0 < cell[name]["inc_acc"] <= 100 and cell[name]["fit_s"] >= 0
+
+
+def test_the_margin_table_takes_leads_per_seed_and_the_best_scaling():
+    from gdacil.bench.defaults import margin_rows, render
+
+    def seed(lr, lda, ncm):
+        return {"lr_rgda": {"last_acc": lr, "inc_acc": lr}, "lda": {"last_acc": lda, "inc_acc": lda},
+                "ncm": {"last_acc": ncm, "inc_acc": ncm}}
+
+    def cell(scaling, seeds):
+        heads = {h: {k: float(np.mean([s[h][k] for s in seeds])) for k in ("last_acc", "inc_acc")}
+                 for h in seeds[0]}
+        return {"features": "f", "scaling": scaling, "heads": heads,
+                "seeds": {str(i): s for i, s in enumerate(seeds)}}
+
+    payload = {"default_head": "lr_rgda", "seeds": [0, 1], "tasks": {"f": 2}, "cells": [
+        cell("raw", [seed(80, 78, 70), seed(84, 81, 75)]),     # leads 2 and 3; mean 82
+        cell("l2", [seed(83, 82, 71), seed(85, 84, 72)])]}     # leads 1 and 1; mean 84
+    assert margin_rows(payload) == [
+        ["f", "raw", "+2.50 (+2.00 to +3.00)", "+9.50 (+9.00 to +10.00)", "2.00"],
+        ["f", "l2", "+1.00 (+1.00 to +1.00)", "+12.50 (+12.00 to +13.00)", "0.00"]]
+    assert "| f | raw | +2.50 (+2.00 to +3.00) |" in render(payload)

@@ -21,6 +21,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from .common import machine_info, markdown_table, output_arguments, refuse_to_overwrite, write_json
@@ -64,7 +65,30 @@ def render(payload: dict) -> str:
     rows = [[c["features"], c["scaling"], *(f"{c['heads'][h]['inc_acc']:.2f}" for h in heads)]
             for c in payload["cells"]]
     lines.append(markdown_table(["features", "scaling", *heads], rows))
+    if {"lda", "ncm", payload["default_head"]} <= set(heads):
+        lines += ["", f"{payload['default_head']} against LDA and NCM (Last-Acc points, mean over "
+                  "seeds, smallest to largest seed in brackets), and how far it is from its "
+                  "best scaling of the same features.", ""]
+        lines.append(markdown_table(["features", "scaling", "- lda", "- ncm", "below best scaling"],
+                                    margin_rows(payload)))
     return "\n".join(lines) + "\n"
+
+
+def margin_rows(payload: dict) -> list[list[str]]:
+    """Per cell: the default head's Last-Acc lead over ``lda`` and ``ncm`` (mean over seeds, with
+    the smallest and largest seed's), and its distance below its best scaling's mean."""
+    head = payload["default_head"]
+    best: dict[str, float] = {}
+    for c in payload["cells"]:
+        best[c["features"]] = max(best.get(c["features"], -np.inf), c["heads"][head]["last_acc"])
+
+    def lead(cell, other):
+        d = [r[head]["last_acc"] - r[other]["last_acc"] for r in cell["seeds"].values()]
+        return f"{np.mean(d):+.2f} ({min(d):+.2f} to {max(d):+.2f})"
+
+    return [[c["features"], c["scaling"], lead(c, "lda"), lead(c, "ncm"),
+             f"{best[c['features']] - c['heads'][head]['last_acc']:.2f}"]
+            for c in payload["cells"]]
 
 
 def main(argv=None) -> int:
