@@ -414,7 +414,8 @@ class LRRGDA(GaussianHead):
         starts = list(range(0, X.shape[0], sample_batch))
         mode, piloted = "pruned", False
         if pruned == "auto":
-            remembered = self._remembered_mode((k, j, screen))
+            key = (k, j, screen)
+            remembered = self._remembered_mode(key)
             if remembered is not None:
                 mode = remembered
             else:  # a pilot batch decides for the rest and the next calls
@@ -426,7 +427,7 @@ class LRRGDA(GaussianHead):
                 else:
                     parts.append(result)
                     starts = list(range(pilot, X.shape[0], sample_batch))
-                self.__dict__["_auto_modes"][(k, j, screen)] = [mode, AUTO_VERDICT_CALLS]
+                self._auto_verdicts()[key] = [mode, AUTO_VERDICT_CALLS]
         if mode == "dense":
             # every sample in one pass, the pilot's too: a dense pass reads every class's rows,
             # about as slow for the pilot's few samples as for all of them
@@ -449,11 +450,15 @@ class LRRGDA(GaussianHead):
     def _remembered_mode(self, key) -> str | None:
         """The mode a recent pilot chose for ``key`` (k, screening rank and dtype), this call
         counted; None when none did within ``AUTO_VERDICT_CALLS`` calls."""
-        entry = self.__dict__.setdefault("_auto_modes", {}).get(key)
+        entry = self._auto_verdicts().get(key)
         if entry is None or entry[1] == 0:
             return None
         entry[1] -= 1
         return entry[0]
+
+    def _auto_verdicts(self) -> dict:
+        """This fit's pilot verdicts: (k, screening rank, dtype) -> [mode, calls left]."""
+        return self.__dict__.setdefault("_auto_modes", {})
 
     def _pruned_or_dense(self, X, k: int, j: int, screen):
         """``(scores, idx, pairs scored, classes scored, rows)`` of the pruned top-k of ``X``, or
