@@ -38,40 +38,85 @@ def _pil():
     )
 
 
+def _array_to_uint8(arr: np.ndarray) -> np.ndarray:
+    """An image array as uint8, by the rules of :func:`to_rgb` (``ValueError`` otherwise)."""
+    from ..data.images import float_to_uint8, uint16_to_uint8
+
+    if arr.dtype == np.uint8:
+        return arr
+    if arr.dtype == np.bool_:
+        return arr.astype(np.uint8) * np.uint8(255)
+    if arr.dtype == np.uint16:
+        return uint16_to_uint8(arr)
+    if np.issubdtype(arr.dtype, np.integer):
+        low, high = int(arr.min()), int(arr.max())
+        if low < 0 or high > 255:
+            raise ValueError(f"integer image arrays ({arr.dtype}) must lie in 0..255 (uint16: "
+                             f"0..65535); got values from {low} to {high}")
+        return arr.astype(np.uint8)
+    if np.issubdtype(arr.dtype, np.floating):
+        return float_to_uint8(arr)
+    raise ValueError(f"image arrays must be uint8, uint16, another integer type, bool or float; "
+                     f"got {arr.dtype}")
+
+
 def to_rgb(raw, background: tuple[int, int, int] = (255, 255, 255)):
     """Return ``raw`` as an RGB ``PIL.Image``.
+
+    Array values, by dtype (anything else raises ``ValueError`` saying what it found):
+
+    - ``uint8``: ``0..255``, as they are;
+    - ``uint16``: ``0..65535``, scaled to ``0..255`` (``round(v / 257)``);
+    - other integer types: must lie in ``0..255`` (the message gives the min and max found);
+    - ``bool``: ``False`` is 0 (black) and ``True`` 255 (white), as a 1-bit image;
+    - floating point: must be finite and in ``[0, 1]``, scaled by 255 (float arrays in
+      ``0..255`` are refused rather than clipped to white: divide by 255 or pass uint8).
+
+    Images, arrays and tensors with a zero dimension are refused. PIL images in the 16-bit,
+    32-bit (``I``, ``F``) and ``CMYK`` modes are converted as files are
+    (:func:`gdacil.data.images.to_8bit`). Transparency (``RGBA``, ``LA``, ``PA``, palette or
+    ``transparency`` info) is composited on ``background``; gray is replicated.
 
     Parameters
     ----------
     raw : PIL.Image.Image, numpy.ndarray, torch.Tensor, str or os.PathLike
-        An image object, an array ``(H, W)``, ``(H, W, C)`` (numpy, uint8 or float in [0, 1]) or
-        ``(C, H, W)`` (torch), or the path of an image file.
+        An image object, an array ``(H, W)``, ``(H, W, 1)``, ``(H, W, 3)`` or ``(H, W, 4)``
+        (numpy) or ``(C, H, W)`` (torch, the same rules), or the path of an image file (read
+        with :func:`gdacil.data.images.open_image`, as datasets read files).
     background : tuple of int
         Colour that transparent pixels are composited on.
     """
     Image = _pil()
     if isinstance(raw, (str, os.PathLike)):
-        with Image.open(raw) as im:
-            im.load()
-            raw = im.copy()
+        from ..data.images import open_image
+
+        raw = open_image(raw)
     elif isinstance(raw, torch.Tensor):
-        arr = raw.detach().cpu().numpy()
+        t = raw.detach().cpu()
+        if t.dtype in (torch.bfloat16, torch.float16):
+            t = t.float()
+        arr = t.numpy()
         raw = np.moveaxis(arr, 0, -1) if arr.ndim == 3 else arr
     if isinstance(raw, np.ndarray):
         arr = raw
-        if arr.dtype != np.uint8:
-            if not np.issubdtype(arr.dtype, np.floating):
-                raise ValueError(f"image arrays must be uint8 or float in [0, 1]; got {arr.dtype}")
-            arr = np.clip(np.rint(arr * 255.0), 0, 255).astype(np.uint8)
         if arr.ndim == 3 and arr.shape[-1] == 1:
             arr = arr[..., 0]
         if arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[-1] not in (3, 4)):
             raise ValueError(
                 f"image arrays must be (H, W), (H, W, 3) or (H, W, 4); got {arr.shape}"
             )
-        raw = Image.fromarray(arr)
+        if arr.size == 0:
+            raise ValueError(f"the image array is empty (shape {arr.shape})")
+        raw = Image.fromarray(np.ascontiguousarray(_array_to_uint8(arr)))
     if not isinstance(raw, Image.Image):
         raise TypeError(f"cannot read an image from {type(raw).__name__}")
+    if raw.width == 0 or raw.height == 0:
+        raise ValueError(f"the image has no pixel ({raw.width}x{raw.height})")
+    if raw.mode == "RGB":
+        return raw
+    from ..data.images import to_8bit
+
+    raw = to_8bit(raw)
     if raw.mode == "RGB":
         return raw
     if raw.mode == "P":

@@ -10,21 +10,29 @@
 - in-memory ``inputs`` and ``labels`` (strings, image files, PIL images, arrays).
 
 Samples are loaded lazily, a batch at a time (:class:`LazySamples`), so a large folder is never
-held in memory whole. Class names are strings (a label ``3`` is the class ``"3"``).
+held in memory whole. Class names are strings (a label ``3`` is the class ``"3"``), checked and
+normalised by :func:`gdacil.learner.names.class_name`.
+
+Inputs to classify or learn from go through :func:`load_image` / :func:`load_images` (image
+models) and :func:`load_texts` (text models), the functions the CLI, :class:`Learner` and the
+HTTP server share; what they cannot read raises a one-line ``ValueError`` naming the input.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["LazySamples", "Samples", "load_images", "load_texts", "read_samples"]
+__all__ = ["LazySamples", "Samples", "load_image", "load_images", "load_texts", "read_samples"]
 
 #: Longer side of loaded images (larger images are thumbnailed as they are read; every
 #: backbone gdacil ships takes 224 pixels or fewer).
@@ -132,8 +140,13 @@ def read_samples(data, labels=None, *, text_column: str = "text",
 
 
 def _in_memory(inputs, labels) -> Samples:
+    from .names import class_name
+
     inputs = list(inputs)
-    names = [str(x) for x in (labels.tolist() if hasattr(labels, "tolist") else labels)]
+    if isinstance(labels, (str, bytes)):
+        raise ValueError("labels must be a sequence of class names, one per input; got a "
+                         f"single {type(labels).__name__}")
+    names = [class_name(x, f"labels[{i}]") for i, x in enumerate(labels)]
     if len(names) != len(inputs):
         raise ValueError(f"{len(inputs)} inputs but {len(names)} labels")
     return Samples(tuple(map(str, range(len(inputs)))), tuple(names),
@@ -175,10 +188,11 @@ def _row(path: Path, line: int, row: dict, text_column: str, label_column: str
         raise ValueError(f"{path}, line {line}: no {missing!r} value")
     if not isinstance(text, str):
         raise ValueError(f"{path}, line {line}: the text {text!r} is not a string")
-    label = str(label).strip()
-    if not text.strip() or not label:
-        raise ValueError(f"{path}, line {line}: empty {'text' if not text.strip() else 'label'}")
-    return text, label
+    if not text.strip():
+        raise ValueError(f"{path}, line {line}: empty text")
+    from .names import class_name
+
+    return text, class_name(label, f"{path}, line {line}")
 
 
 def _texts(path: Path, rows: list[tuple[str, str]]) -> Samples:
@@ -189,21 +203,69 @@ def _texts(path: Path, rows: list[tuple[str, str]]) -> Samples:
                    lambda keys: [texts[int(k)] for k in keys], "text", str(path))
 
 
+def _read_utf8(path: Path) -> str:
+    """The text of ``path`` (UTF-8, an optional BOM), or a ``ValueError`` naming the file and
+    the line of the first byte that is not UTF-8."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ValueError(f"{path}, line {line}: not UTF-8 text (byte {exc.object[exc.start]:#04x} "
+                         f"at offset {exc.start}); save the file as UTF-8") from None
+
+
+@contextlib.contextmanager
+def _csv_field_limit():
+    """Python's csv field limit (131,072 characters) lifted while a file is read: long texts
+    are clipped later, by the backbone (``HFTextBackbone.max_chars``)."""
+    old = csv.field_size_limit()
+    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+    try:
+        yield
+    finally:
+        csv.field_size_limit(old)
+
+
 def _text_table(path: Path, text_column: str, label_column: str) -> Samples:
-    with path.open(newline="", encoding="utf-8-sig") as fh:
-        reader = csv.DictReader(fh, delimiter=_TEXT_SUFFIXES[path.suffix.lower()])
-        _check_columns(path, reader.fieldnames or [], text_column, label_column)
-        rows = [_row(path, reader.line_num, row, text_column, label_column) for row in reader]
+    text = _read_utf8(path)
+    delimiter = _TEXT_SUFFIXES[path.suffix.lower()]
+    shown = "a tab" if delimiter == "\t" else "a comma"
+    with _csv_field_limit():
+        reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
+        try:
+            columns = reader.fieldnames or []
+            _check_columns(path, columns, text_column, label_column)
+            rows = []
+            for row in reader:
+                line = reader.line_num
+                if None in row or any(v is None for v in row.values()):
+                    got = len(columns) + len(row.get(None) or ()) - sum(
+                        v is None for k, v in row.items() if k is not None)
+                    raise ValueError(
+                        f"{path}, line {line}: {got} fields where the header has "
+                        f"{len(columns)}; put double quotes around a text that holds {shown} "
+                        "(and double any quote inside it)")
+                rows.append(_row(path, line, row, text_column, label_column))
+        except csv.Error as exc:
+            line = reader.reader.line_num  # DictReader's own count lags on an error
+            raise ValueError(f"{path}, line {line}: not valid CSV ({exc})") from None
     return _texts(path, rows)
 
 
+def _json_value(path: Path, where: str, text: str):
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{where}: JSON nested too deeply") from None
+    except ValueError as exc:
+        raise ValueError(f"{where}: not valid JSON ({exc})") from None
+
+
 def _json_lines(path: Path, text_column: str, label_column: str) -> Samples:
-    text = path.read_text(encoding="utf-8-sig")
+    text = _read_utf8(path)
     if path.suffix.lower() == ".json":
-        try:
-            records = json.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc})") from None
+        records = _json_value(path, str(path), text)
         if not isinstance(records, list):
             raise ValueError(f"{path}: expected a JSON list of objects")
         numbered = list(enumerate(records, 1))
@@ -211,10 +273,7 @@ def _json_lines(path: Path, text_column: str, label_column: str) -> Samples:
         numbered = []
         for n, line in enumerate(text.splitlines(), 1):
             if line.strip():
-                try:
-                    numbered.append((n, json.loads(line)))
-                except ValueError as exc:
-                    raise ValueError(f"{path}, line {n}: not valid JSON ({exc})") from None
+                numbered.append((n, _json_value(path, f"{path}, line {n}", line)))
     rows: list[tuple[str, str]] = []
     for n, record in numbered:
         if not isinstance(record, dict):
@@ -226,33 +285,100 @@ def _json_lines(path: Path, text_column: str, label_column: str) -> Samples:
 
 
 # ---------------------------------------------------------------------- inputs to classify
-def load_images(items: Sequence) -> list:
-    """Raw samples for image backbones: image files (paths) are opened (thumbnailed to
-    :data:`MAX_SIDE`), images and arrays pass through. A path that is not a readable image
-    raises a ``ValueError`` (``FileNotFoundError`` when it does not exist) naming it."""
-    from .._optional import require
-    from ..data.images import open_image
+def load_image(item, *, max_pixels: int | None = None, name: str | None = None):
+    """One input of an image model, as the backbone takes it.
 
-    Image = require("PIL.Image", feature="image inputs", install="pip install pillow")
-    out = []
-    for item in items:
-        if not isinstance(item, (str, os.PathLike)):
-            out.append(item)
-            continue
+    An image file (a path) or its bytes is decoded with :func:`gdacil.data.images.open_image`
+    (thumbnailed to :data:`MAX_SIDE`, EXIF orientation applied, deep modes scaled to 8 bits,
+    transparency kept for :func:`gdacil.backbones.to_rgb`), exactly as training folders are read.
+    A PIL image, NumPy array or torch tensor is checked by the rules of
+    :func:`~gdacil.backbones.to_rgb` (dtype ranges, NaN, empty images) and returned as it is.
+
+    Parameters
+    ----------
+    item : str, os.PathLike, bytes, PIL.Image.Image, numpy.ndarray or torch.Tensor
+    max_pixels : int, optional
+        Refuse larger images (checked from a file's header before it is decoded).
+    name : str, optional
+        What messages call the input (e.g. ``"inputs[3]"``; default: the path, or "an input").
+
+    Raises
+    ------
+    FileNotFoundError
+        ``item`` is a path that does not exist (the message names it).
+    ValueError
+        Anything else that cannot be read (:class:`~gdacil.data.images.ImageReadError` for
+        files and bytes); the message names the input.
+    """
+    from ..data.images import ImageReadError, ImageTooLargeError, open_image, too_many_pixels
+
+    if isinstance(item, (str, os.PathLike)):
         path = Path(item).expanduser()
+        label = name or str(item)
         if not path.is_file():
-            raise FileNotFoundError(f"no such image file: {str(item)!r} (this model classifies "
-                                    "images: give image files, PIL images or arrays)")
-        try:
-            out.append(open_image(path, max_side=MAX_SIDE))
-        except (Image.UnidentifiedImageError, OSError) as exc:
-            raise ValueError(f"{path} is not an image file that can be read ({exc})") from None
-    return out
+            kind = "a folder, not an image file" if path.is_dir() else "no such image file"
+            raise FileNotFoundError(f"{kind}: {label!r} (this model classifies images: give "
+                                    "image files, PIL images or arrays)")
+        return open_image(path, max_side=MAX_SIDE, max_pixels=max_pixels, name=label)
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        return open_image(bytes(item), max_side=MAX_SIDE, max_pixels=max_pixels,
+                          name=name or "the image bytes")
+    from ..backbones.preprocess import to_rgb
+    from ..data.images import DEEP_MODES, to_8bit
+
+    label = name or "an input"
+    size = _in_memory_size(item)
+    if size is not None and max_pixels is not None and size[0] * size[1] > max_pixels:
+        raise ImageTooLargeError(too_many_pixels(label, size[0], size[1], max_pixels))
+    try:
+        if hasattr(item, "getbands") and hasattr(item, "mode"):  # a PIL image: cheap checks
+            if item.width == 0 or item.height == 0:
+                raise ValueError(f"the image has no pixel ({item.width}x{item.height})")
+            if item.mode in DEEP_MODES:
+                to_8bit(item)  # raises for values it cannot scale
+        else:
+            to_rgb(item)  # arrays and tensors: the backbone's own rules
+        return item
+    except ValueError as exc:
+        raise ImageReadError(f"{label}: {exc}") from None
+    except TypeError:
+        raise ValueError(f"{label}: this model classifies images (image files, their bytes, "
+                         f"PIL images or arrays); got a {type(item).__name__}") from None
 
 
-def load_texts(items: Sequence) -> list:
-    """Raw samples for text backbones: strings pass, anything else is refused."""
-    bad = next((x for x in items if not isinstance(x, str)), None)
-    if bad is not None:
-        raise ValueError(f"this model classifies texts; got a {type(bad).__name__}")
-    return list(items)
+def _in_memory_size(item) -> tuple[int, int] | None:
+    """``(width, height)`` of an in-memory image, array ``(H, W, ...)`` or tensor
+    ``(C, H, W)``; ``None`` for anything else."""
+    size = getattr(item, "size", None)
+    if isinstance(size, tuple) and len(size) == 2 and not hasattr(item, "shape"):
+        return size  # a PIL image
+    shape = tuple(getattr(item, "shape", ()))
+    if len(shape) == 2:
+        return shape[1], shape[0]
+    if len(shape) == 3:
+        channels_first = not isinstance(item, np.ndarray)
+        return (shape[2], shape[1]) if channels_first else (shape[1], shape[0])
+    return None
+
+
+def load_images(items: Sequence, *, max_pixels: int | None = None,
+                names: Sequence[str] | None = None) -> list:
+    """:func:`load_image` of each item. ``names`` (one per item) is what messages call them;
+    by default a path is named by itself and anything else ``inputs[i]`` (``i``: its position
+    in ``items``)."""
+    items = list(items)
+    if names is None:
+        names = [str(x) if isinstance(x, (str, os.PathLike)) else f"inputs[{i}]"
+                 for i, x in enumerate(items)]
+    return [load_image(item, max_pixels=max_pixels, name=n) for item, n in zip(items, names)]
+
+
+def load_texts(items: Sequence, *, names: Sequence[str] | None = None) -> list:
+    """Raw samples for text backbones: strings pass, anything else is refused (a
+    ``ValueError`` naming it: ``inputs[i]`` by default, or its entry of ``names``)."""
+    items = list(items)
+    for i, x in enumerate(items):
+        if not isinstance(x, str):
+            where = names[i] if names is not None else f"inputs[{i}]"
+            raise ValueError(f"{where}: this model classifies texts; got a {type(x).__name__}")
+    return items
