@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import logging
+import os
 import sys
+import traceback
 from importlib import resources
 from pathlib import Path
 
 from . import __version__
 
-__all__ = ["main", "resolve_config", "shipped_configs"]
+__all__ = ["CommandError", "main", "resolve_config", "shipped_configs"]
 
 EPILOG = """examples:
   gdacil demo                                   offline demo: MiniLM on 100 WordNet classes, 10 tasks
@@ -41,14 +44,32 @@ def shipped_configs() -> dict[str, Path]:
     return {Path(p.name).stem: Path(str(p)) for p in folder.iterdir() if p.name.endswith(".yaml")}
 
 
+class CommandError(SystemExit):
+    """Ends the command with exit status ``code`` (2: a usage or configuration error) after
+    :func:`main` prints ``gdacil: error: <message>`` on stderr; ``str()`` is the message."""
+
+    def __init__(self, message: str, code: int = 2):
+        super().__init__(code)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+#: Errors of what the user gave (files, options, configs, data), printed on one line with exit
+#: status 2; anything else is a failure of gdacil itself (status 1).
+USER_ERRORS = (OSError, ImportError, KeyError, ValueError, csv.Error, RecursionError,
+               OverflowError)
+
+
 def resolve_config(name_or_path: str) -> Path:
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():
         return path
     configs = shipped_configs()
     if name_or_path not in configs:
-        raise SystemExit(f"gdacil: no config file {name_or_path!r} and no shipped config of that "
-                         f"name; shipped: {', '.join(sorted(configs))}")
+        raise CommandError(f"no config file {name_or_path!r} and no shipped config of that "
+                           f"name; shipped: {', '.join(sorted(configs))}")
     return configs[name_or_path]
 
 
@@ -58,8 +79,9 @@ def _run(args) -> int:
 
     try:
         cfg = load_config(resolve_config(args.config), args.set)
+        cfg.check_backbone_options()
     except ConfigError as exc:
-        raise SystemExit(f"gdacil: bad configuration: {exc}") from None
+        raise CommandError(f"bad configuration: {exc}") from None
     if getattr(args, "check", False):
         return _check(cfg)
     cfg.progress = cfg.progress and logging.getLogger("gdacil").isEnabledFor(logging.INFO)
@@ -193,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .learner.cli import learner_commands  # learn, predict, ..., serve
 
     learner_commands(sub)
+    for name, command in sub.choices.items():  # -v/-q also after the command, but for bench
+        if name not in ("run", "demo", "bench"):   # (its options go to the benchmark)
+            verbosity_options(command, default=argparse.SUPPRESS)
     return parser
 
 
@@ -228,15 +253,47 @@ def logging_to_stderr(level: int):
         root.setLevel(saved)
 
 
+def _message(exc: BaseException) -> str:
+    """What went wrong, on one line."""
+    if isinstance(exc, RecursionError):
+        return "the input is nested too deeply to be read"
+    text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+    text = " ".join(text.split()) if "\n" not in text.strip() else text.strip()
+    return text or type(exc).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The ``gdacil`` command. Returns the exit status: 0, 2 for an error in what was given
+    (usage, configuration, files, data: one line ``gdacil: error: ...``), 130 when
+    interrupted (Ctrl-C), 1 for an unexpected failure (one line too; ``-v`` adds the
+    traceback)."""
     args = build_parser().parse_args(argv)
+    verbose = args.verbosity == 1
     with logging_to_stderr(LEVELS[args.verbosity]):
         try:
             return args.func(args)
-        except (OSError, ImportError, KeyError, ValueError) as exc:  # OSError: disk full, ...
-            message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-            print(f"gdacil: error: {message}", file=sys.stderr)
+        except CommandError as exc:
+            print(f"gdacil: error: {exc.message}", file=sys.stderr)
+            raise
+        except KeyboardInterrupt:
+            print("gdacil: interrupted", file=sys.stderr)
+            return 130
+        except BrokenPipeError:  # `gdacil predict ... | head`: the reader has gone
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 141
+        except USER_ERRORS as exc:  # OSError: disk full, permission denied, ...
+            if verbose:
+                traceback.print_exc()
+            print(f"gdacil: error: {_message(exc)}", file=sys.stderr)
             return 2
+        except Exception as exc:  # a failure of gdacil itself: still one line
+            if verbose:
+                traceback.print_exc()
+            hint = "" if verbose else " (run with -v for the traceback)"
+            print(f"gdacil: error: {type(exc).__name__}: {_message(exc)}{hint}",
+                  file=sys.stderr)
+            return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

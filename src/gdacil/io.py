@@ -9,6 +9,7 @@ their metadata) still load, unverified. See docs/reliability.md.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -70,10 +71,18 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 
 def atomic_write_with(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
     """:func:`atomic_write_bytes` for a writer that takes a path: ``write(tmp)`` fills the
-    temporary file ``tmp``, which is then flushed to disk and renamed over ``path``."""
+    temporary file ``tmp``, which is then flushed to disk and renamed over ``path``.
+
+    A write that fails (a full disk, a file-size limit, no permission) raises an ``OSError``
+    naming ``path``, with the errno where known (``ENOSPC``, ``EFBIG``, ...), also when the
+    writer raised something else for it (safetensors' ``SafetensorError``); the temporary file
+    is removed and ``path`` is as it was."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise _write_error(exc, path) from None
     os.close(fd)
     tmp = Path(name)
     try:
@@ -82,10 +91,39 @@ def atomic_write_with(path: str | os.PathLike, write: Callable[[Path], object]) 
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; results and caches are meant to be shared
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(exc, Exception) and (isinstance(exc, OSError) or _os_error_code(exc)):
+            raise _write_error(exc, path) from None
         raise
     return path
+
+
+_OS_ERROR_CODE = re.compile(r"\(os error (\d+)\)|\bcode: (\d+)")
+
+
+def _os_error_code(exc: BaseException) -> int | None:
+    """The errno of a writer's error that wraps an operating-system error without being an
+    ``OSError`` (safetensors' ``SafetensorError``: "I/O error: File too large (os error 27)")."""
+    if isinstance(exc, OSError):
+        return exc.errno
+    if type(exc).__name__ != "SafetensorError":
+        return None
+    found = _OS_ERROR_CODE.search(str(exc))
+    return int(found.group(1) or found.group(2)) if found else None
+
+
+def _write_error(exc: BaseException, path: str | os.PathLike) -> OSError:
+    """An ``OSError`` for a failed write of ``path`` (the file the caller meant, never a
+    temporary one), with the errno of ``exc`` where known (``ENOSPC``, ``EFBIG``, ``EACCES``,
+    ...): ``[Errno 28] No space left on device: 'path'``. Its type is the ``OSError``
+    subclass of that errno (``PermissionError`` for ``EACCES``)."""
+    code = _os_error_code(exc)
+    if code is None:
+        return OSError(f"could not write {path}: {exc}")
+    strerror = getattr(exc, "strerror", None) if isinstance(exc, OSError) else None
+    return OSError(code, strerror or os.strerror(code), str(path))
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

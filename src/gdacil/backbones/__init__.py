@@ -30,6 +30,7 @@ name                     what
 from __future__ import annotations
 
 from functools import partial
+from typing import Any, cast
 
 from ..registry import Registry
 from .base import FINAL_NORMS, Backbone, normalize_features
@@ -56,7 +57,9 @@ __all__ = [
     "ImagePreprocess",
     "RandomProjection",
     "TimmBackbone",
+    "backbone_options",
     "build_backbone",
+    "check_backbone_options",
     "find_blocks",
     "normalize_features",
     "to_rgb",
@@ -86,6 +89,51 @@ def _random_projection(base, dim: int = 10_000, seed: int = 0) -> RandomProjecti
         cfg = dict(base)
         base = build_backbone(cfg.pop("name"), **cfg)
     return RandomProjection(base, dim, seed=seed)
+
+
+def backbone_options(name: str) -> list[str] | None:
+    """The options (keywords) the factory of backbone ``name`` takes, deprecated aliases
+    included, sorted; None when it takes any keyword. Raises ``UnknownNameError`` for an
+    unknown name."""
+    import inspect
+
+    from .._deprecation import accepted_parameters
+
+    factory = BACKBONES[name]
+    bound: set[str] = set()
+    while isinstance(factory, partial):  # a family bound to a class: its fixed keywords too
+        bound |= set(factory.keywords) - {"name"}
+        factory = factory.func
+    target = cast(Any, factory).__init__ if isinstance(factory, type) else factory
+    params = inspect.signature(target).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    positional_only = {p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_ONLY}
+    taken = accepted_parameters(factory) - positional_only - bound
+    if factory is HFVisionBackbone:  # the family is bound positionally by the registry
+        taken.discard("family")
+    return sorted(taken)
+
+
+def check_backbone_options(name: str, options) -> None:
+    """Refuse options the factory of backbone ``name`` does not take, before anything is
+    built: a ``ValueError`` naming them and listing the options it takes."""
+    if not isinstance(options, dict):
+        raise ValueError(f"the options of backbone {name!r} must be a mapping; got {options!r}")
+    accepted = backbone_options(name)
+    if accepted is None:
+        return
+    unknown = sorted(map(str, set(options) - set(accepted)))
+    if unknown:
+        from .._deprecation import _renames_of
+
+        factory = BACKBONES[name]
+        while isinstance(factory, partial):
+            factory = factory.func
+        target = cast(Any, factory).__init__ if isinstance(factory, type) else factory
+        aliases = set(_renames_of(target))
+        raise ValueError(f"backbone {name!r} has no option(s) {unknown}; it takes "
+                         f"{', '.join(a for a in accepted if a not in aliases)}")
 
 
 def build_backbone(name: str, /, **config) -> Backbone:

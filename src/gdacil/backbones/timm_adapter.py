@@ -16,6 +16,7 @@ from .base import (
     check_final_norm,
     make_final_layernorm_nonaffine,
     normalize_features,
+    portable_location,
 )
 from .preprocess import ImagePreprocess
 
@@ -87,5 +88,5 @@ class TimmBackbone(ImageBackbone):
         return {
             **super().config(),
             "pretrained": self.pretrained,
-            "checkpoint_path": self.checkpoint_path,
+            "checkpoint_path": portable_location(self.checkpoint_path),
         }

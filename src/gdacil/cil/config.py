@@ -381,6 +381,7 @@ class ExperimentConfig(TypedConfig):
             yield f"compensators.{label}", lambda label=label: self.build_compensator(label)._check_params()
         yield "anchors", self._check_anchors
         yield "threads", self._check_threads
+        yield "backbone", self._check_backbone
         yield "backbone.precision", self._check_precision
         yield "backbone.num_workers", lambda: _require(
             self.backbone.num_workers == "auto" or (
@@ -425,6 +426,33 @@ class ExperimentConfig(TypedConfig):
                                          or not 1 <= self.threads <= limit):
             raise ValueError(f"expected an integer from 1 to {limit} (4 x this machine's "
                              f"{os.cpu_count()} CPUs) or null; got {self.threads!r}")
+
+    def check_backbone_options(self) -> None:
+        """Refuse (:class:`ConfigError`) an unknown backbone name or an option its factory does
+        not take, naming the options it takes: what ``gdacil run`` checks before any work.
+        Not part of reading a config, which may describe a backbone not installed here."""
+        from ..backbones import BACKBONES, check_backbone_options
+
+        bb = self.backbone
+        try:
+            BACKBONES[bb.name]  # an unknown name lists the known ones
+            check_backbone_options(bb.name, bb.options)
+        except ValueError as exc:
+            raise ConfigError(str(exc), path="backbone.options" if bb.name in BACKBONES
+                              else "backbone.name") from None
+
+    def _check_backbone(self) -> None:
+        """The backbone's numbers, so that a run is refused when the config is read, not once
+        features are being extracted."""
+        bb = self.backbone
+        for key, value, low in (("batch_size", bb.batch_size, 1),
+                                ("projection_seed", bb.projection_seed, 0),
+                                ("projection_dim", bb.projection_dim, 1)):
+            if value is not None or key != "projection_dim":
+                try:
+                    check_positive_int(value, f"backbone.{key}", minimum=low)
+                except (TypeError, ValueError) as exc:
+                    raise ConfigError(str(exc)) from None
 
     def _check_precision(self) -> None:
         from ..backbones.base import PRECISIONS
@@ -500,6 +528,8 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         except yaml.YAMLError as exc:
             raise ConfigError(f"--set {item!r}: the value is not valid YAML "
                               f"({' '.join(str(exc).split())})") from None
+        except RecursionError:
+            raise ConfigError(f"--set {key}=...: the value is nested too deeply") from None
         node = data
         parts = key.split(".")
         for part in parts[:-1]:
@@ -526,12 +556,23 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
     data: dict = dict(base or {})
     if path is not None:
         path = Path(path)
+        if path.is_dir():
+            raise ConfigError(f"{path} is a folder, not a config file (see `gdacil list "
+                              "configs`)")
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist (see `gdacil list configs`)")
         try:
-            loaded = yaml.safe_load(path.read_text()) or {}
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not a text file (not UTF-8: {exc.reason} at byte "
+                              f"{exc.start})") from None
+        except RecursionError:
+            raise ConfigError(f"{path}: nested too deeply to be a config") from None
+        if loaded is None:  # nothing but comments and blank lines: no experiment was described
+            raise ConfigError(f"{path} is empty: write the settings of an experiment in it "
+                              "(see `gdacil list configs` for examples)")
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of settings")
         data.update(loaded)

@@ -34,11 +34,13 @@ against its sha256 before anything is loaded; any difference raises
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -48,7 +50,13 @@ from typing import cast
 
 from .. import __version__
 from ..hashing import sha256_json
-from ..io import CorruptFileError, atomic_write_text
+from ..io import (
+    _TEMP_NAME,
+    CorruptFileError,
+    _write_error,
+    atomic_write_text,
+    remove_stale_temp_files,
+)
 
 __all__ = [
     "CURRENT",
@@ -280,12 +288,28 @@ def _locked(directory: Path) -> Iterator[None]:
         yield
         return
     directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / _LOCK, "a+b") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+    lock = directory / _LOCK
+    try:  # never follow a link: it could point anywhere outside the model
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or lock.is_symlink():
+            raise BundleError(f"{lock} is a symbolic link; gdacil does not follow it out of the "
+                              f"model directory. Remove it (rm {lock}) and retry") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BundleError(f"{lock} is not a regular file; remove it and retry")
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
+            # what writers killed midway (kill -9) left of their atomic writes of CURRENT:
+            # every writer of this folder holds the lock, so none of them is still writing
+            remove_stale_temp_files(directory, max_age=0)
             yield
         finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -345,10 +369,7 @@ class VersionWriter:
         target = self._target(relative)
         digest = hashlib.sha256(data).hexdigest()
         if not self._link_parent(relative, digest, target):
-            with open(target, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
+            _write_file(target, data)
         self.files[relative] = digest
 
     def write_json(self, relative: str, payload) -> None:
@@ -371,6 +392,18 @@ class VersionWriter:
         self.files[relative] = digest
 
 
+def _write_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` (a file of a version's temporary folder), flushed to disk; an
+    ``OSError`` names ``path`` and keeps its errno (a full disk, a file-size limit)."""
+    try:
+        with open(path, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        raise _write_error(exc, path) from None
+
+
 def _tensors_checksum(path: Path) -> str | None:
     """The content checksum :func:`gdacil.io.save_tensors` stores in a file's metadata."""
     try:
@@ -389,7 +422,8 @@ def check_new_model_dir(directory) -> Path:
     if directory.exists() and not directory.is_dir():
         raise BundleError(f"{directory} is a file, not a model directory")
     if (directory.is_dir() and not (directory / CURRENT).exists()
-            and any(e.name not in (_LOCK, VERSIONS) for e in os.scandir(directory))):
+            and any(e.name not in (_LOCK, VERSIONS) and not _TEMP_NAME.fullmatch(e.name)
+                    for e in os.scandir(directory))):
         raise BundleError(f"{directory} is not empty and not a gdacil model; save the model "
                           "in a new or empty directory")
     return directory
@@ -434,16 +468,17 @@ def write_version(directory, write: Callable[[VersionWriter], dict], *, expect_c
                         "gdacil": __version__, "files": dict(sorted(writer.files.items())),
                         "summary": summary}
             manifest["sha256"] = sha256_json(manifest)
-            with open(tmp / MANIFEST, "wb") as fh:
-                fh.write(json.dumps(manifest, indent=1).encode("utf-8"))
-                fh.flush()
-                os.fsync(fh.fileno())
+            _write_file(tmp / MANIFEST, json.dumps(manifest, indent=1).encode("utf-8"))
             for sub, _, _ in os.walk(tmp):
                 _fsync_dir(Path(sub))
             os.chmod(tmp, 0o755)  # mkdtemp makes it private; models are meant to be shared
             os.rename(tmp, folder / name)
-        except BaseException:
+        except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(exc, OSError) and isinstance(exc.filename, str) \
+                    and exc.filename.startswith(str(tmp)):  # name the file it was to become
+                raise _write_error(exc, folder / name / os.path.relpath(exc.filename, tmp)) \
+                    from None
             raise
         _fsync_dir(folder)
         _switch(directory, name)

@@ -9,8 +9,10 @@ prints them on one line and exits with status 2.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -30,7 +32,8 @@ def learner_commands(sub) -> None:
                     "choose parts (--backbone, --head, --strategy, ...) apply when the model is "
                     "created.")
     learn.add_argument("model", metavar="MODEL", help=MODEL_HELP)
-    learn.add_argument("--data", required=True, metavar="PATH", help="what to learn from")
+    learn.add_argument("--data", required=True, metavar="PATH", type=nonempty,
+                       help="what to learn from")
     learn.add_argument("--backbone", help="backbone name (gdacil list backbones); default: "
                                           "efficientnet-lite0 for images, minilm for texts")
     learn.add_argument("--backbone-option", action="append", default=[], metavar="KEY=VALUE",
@@ -46,9 +49,9 @@ def learner_commands(sub) -> None:
                        help="the text column of a CSV/JSONL file (default: text)")
     learn.add_argument("--label-column", default="label", metavar="L",
                        help="the label column of a CSV/JSONL file (default: label)")
-    learn.add_argument("--max-per-class", type=int, metavar="N",
+    learn.add_argument("--max-per-class", type=positive_int, metavar="N",
                        help="learn at most N samples per class (drawn with the model's seed)")
-    learn.add_argument("--seed", type=int, help="seed of a new model (default: 0)")
+    learn.add_argument("--seed", type=nonnegative_int, help="seed of a new model (default: 0)")
     learn.set_defaults(func=_learn)
 
     predict = sub.add_parser(
@@ -58,7 +61,7 @@ def learner_commands(sub) -> None:
                     "under it); for a text model it is a text.")
     predict.add_argument("model", metavar="MODEL", help="the model directory")
     predict.add_argument("inputs", nargs="+", metavar="INPUT")
-    predict.add_argument("--top-k", type=int, default=1, metavar="K",
+    predict.add_argument("--top-k", type=positive_int, default=1, metavar="K",
                          help="classes per input (default: 1)")
     predict.add_argument("--format", choices=("json", "csv"), default="json")
     predict.add_argument("--version", help="a saved version instead of the current one")
@@ -106,22 +109,81 @@ def learner_commands(sub) -> None:
     serve.add_argument("model", metavar="MODEL", help="the model directory")
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default: 127.0.0.1, this machine only)")
-    serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    serve.add_argument("--port", type=port, default=8000,
+                       help="port, 0 to 65535 (default: 8000; 0: any free port)")
     serve.add_argument("--allow-learn", action="store_true",
                        help="accept POST /learn (anyone who can reach the server can then "
                             "change the model)")
-    serve.add_argument("--max-batch", type=int, default=64, metavar="N",
+    serve.add_argument("--max-batch", type=positive_int, default=64, metavar="N",
                        help="most inputs of concurrent requests answered together (default: 64)")
-    serve.add_argument("--max-inputs", type=int, default=256, metavar="N",
+    serve.add_argument("--max-inputs", type=positive_int, default=256, metavar="N",
                        help="most inputs in one request (default: 256)")
-    serve.add_argument("--max-body-mb", type=float, default=32, metavar="MB",
+    serve.add_argument("--max-body-mb", type=body_mb, default=32, metavar="MB",
                        help="largest request body in MiB (default: 32)")
-    serve.add_argument("--poll", type=float, default=1.0, metavar="S",
+    serve.add_argument("--max-pixels", type=positive_int, default=40_000_000, metavar="N",
+                       help="largest image in pixels, checked before decoding (default: "
+                            "40000000)")
+    serve.add_argument("--max-queue", type=positive_int, default=1024, metavar="N",
+                       help="most inputs waiting; a request beyond is answered 503 (default: "
+                            "1024)")
+    serve.add_argument("--timeout", type=positive_seconds, default=60.0, metavar="S",
+                       help="seconds a request may wait for its answer, else 503 (default: 60)")
+    serve.add_argument("--batch-seconds", type=positive_seconds, default=0.5, metavar="S",
+                       help="about how long one shared forward pass may take (default: 0.5)")
+    serve.add_argument("--max-connections", type=positive_int, default=256, metavar="N",
+                       help="connections beyond are answered 503 (default: 256)")
+    serve.add_argument("--poll", type=nonnegative_seconds, default=1.0, metavar="S",
                        help="seconds between checks for versions saved by other commands; "
                             "0: never (default: 1)")
     serve.add_argument("--log-level", default="info",
                        choices=("critical", "error", "warning", "info", "debug"))
     serve.set_defaults(func=_serve)
+
+
+# ---------------------------------------------------------------------- option types
+# argparse ``type=`` functions: a bad value is a usage error (status 2) before any work.
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer; got {text!r}") from None
+
+
+def nonempty(text: str) -> str:
+    """A non-empty text (an empty path would mean the current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a path; got an empty text")
+    return text
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number; got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number; got {text!r}")
+    return value
+
+
+def _checked(parse, accept, expected: str):
+    """An argparse ``type``: ``parse(text)``, refused unless ``accept(value)``."""
+    def check(text: str):
+        value = parse(text)
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}; got {text!r}")
+        return value
+
+    check.__doc__ = expected[0].upper() + expected[1:] + "."
+    return check
+
+
+positive_int = _checked(_integer, lambda v: v >= 1, "an integer >= 1")
+nonnegative_int = _checked(_integer, lambda v: v >= 0, "an integer >= 0")
+port = _checked(_integer, lambda v: 0 <= v <= 65535, "a port from 0 (any free one) to 65535")
+positive_seconds = _checked(_number, lambda v: v > 0, "a number of seconds > 0")
+nonnegative_seconds = _checked(_number, lambda v: v >= 0, "a number of seconds >= 0")
+body_mb = _checked(_number, lambda v: v * (1 << 20) >= 1, "a size in MiB of at least one byte")
 
 
 def _progress() -> bool:
@@ -143,14 +205,13 @@ def _options(items: list[str], flag: str) -> dict:
             out[key] = json.loads(raw)
         except ValueError:
             out[key] = raw
+        except RecursionError:
+            raise ValueError(f"{flag} {key}=...: the value is nested too deeply") from None
     return out
 
 
 # ---------------------------------------------------------------------- commands
 def _learn(args) -> int:
-    from .bundle import CURRENT, check_new_model_dir
-    from .learner import Learner
-
     model = Path(args.model)
     chosen = {"backbone": args.backbone,
               "backbone_options": _options(args.backbone_option, "--backbone-option") or None,
@@ -159,6 +220,39 @@ def _learn(args) -> int:
               "compensator": args.compensator and {"name": args.compensator},
               "seed": args.seed}
     chosen = {k: v for k, v in chosen.items() if v is not None}
+    before = _current(model)
+    try:
+        return _learn_into(args, model, chosen)
+    except KeyboardInterrupt:
+        _interrupted(model, before)
+        return 130
+
+
+def _current(model: Path) -> str | None:
+    """The current version of ``model`` (None: no model, or none readable)."""
+    from .bundle import current_version
+
+    try:
+        return current_version(model)
+    except (OSError, ValueError):
+        return None
+
+
+def _interrupted(model: Path, before: str | None) -> None:
+    """Say, on one line, what an interrupted learn or forget left of ``model``."""
+    now = _current(model)
+    if now != before:
+        print(f"gdacil: interrupted; {model}: {now} had been saved (version {before or 'none'} "
+              "before)", file=sys.stderr)
+    else:
+        kept = f"{model} is as before (version {before})" if before else "no model was created"
+        print(f"gdacil: interrupted; nothing was saved: {kept}", file=sys.stderr)
+
+
+def _learn_into(args, model: Path, chosen: dict) -> int:
+    from .bundle import CURRENT, check_new_model_dir
+    from .learner import Learner
+
     if (model / CURRENT).exists():
         learner = Learner.load(model)
         config = learner.config.to_dict()
@@ -258,9 +352,14 @@ def _info(args) -> int:
 def _forget(args) -> int:
     from .learner import Learner
 
-    learner = Learner.load(args.model)
-    removed = learner.forget(args.classes)
-    version = learner.save(args.model)
+    before = _current(Path(args.model))
+    try:
+        learner = Learner.load(args.model)
+        removed = learner.forget(args.classes)
+        version = learner.save(args.model)
+    except KeyboardInterrupt:
+        _interrupted(Path(args.model), before)
+        return 130
     print(f"{args.model}: {version}: forgot {', '.join(removed)}; "
           f"{len(learner.classes)} classes left")
     return 0
@@ -307,5 +406,7 @@ def _serve(args) -> int:
 
     serve(args.model, host=args.host, port=args.port, log_level=args.log_level,
           allow_learn=args.allow_learn, max_batch=args.max_batch, max_inputs=args.max_inputs,
-          max_body=int(args.max_body_mb * (1 << 20)), poll=args.poll)
+          max_body=int(args.max_body_mb * (1 << 20)), max_pixels=args.max_pixels,
+          max_pending=args.max_queue, timeout=args.timeout, batch_seconds=args.batch_seconds,
+          max_connections=args.max_connections, poll=args.poll)
     return 0

@@ -126,7 +126,7 @@ class LearnerConfig(TypedConfig):
 
     # ------------------------------------------------------------------ checks
     def _check_backbone(self) -> None:
-        from ..backbones import BACKBONES
+        from ..backbones import BACKBONES, check_backbone_options
 
         if not isinstance(self.backbone, str):
             raise ConfigError(f"backbone: expected a registry name; got {self.backbone!r}")
@@ -134,6 +134,10 @@ class LearnerConfig(TypedConfig):
         if not isinstance(self.backbone_options, dict):
             raise ConfigError(f"backbone_options: expected a mapping; got "
                               f"{self.backbone_options!r}")
+        try:  # an option the backbone does not take, before anything is built
+            check_backbone_options(self.backbone, self.backbone_options)
+        except ValueError as exc:
+            raise ConfigError(f"backbone_options: {exc}") from None
 
     def _check_head(self) -> None:
         if not isinstance(self.head_params, dict):
@@ -188,4 +192,7 @@ class LearnerConfig(TypedConfig):
         options = dict(self.backbone_options)
         if device is not None:
             options["device"] = device
-        return build_backbone(self.backbone, **options)
+        try:
+            return build_backbone(self.backbone, **options)
+        except TypeError as exc:  # an option of the wrong type (the names were checked)
+            raise ConfigError(f"backbone_options of {self.backbone!r}: {exc}") from None

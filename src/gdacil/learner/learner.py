@@ -39,7 +39,9 @@ from __future__ import annotations
 import copy as _copy
 import difflib
 import json
+import logging
 import os
+import time
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -69,6 +71,10 @@ if TYPE_CHECKING:
 __all__ = ["LearnReport", "Learner", "Prediction", "UnknownClassError"]
 
 LEARNER_FORMAT = "gdacil.learner/1"
+#: Least seconds between two progress lines of a learn or predict without progress bars
+PROGRESS_SECONDS = 5.0
+logger = logging.getLogger(__name__)
+_clock = time.monotonic
 _PLURAL = {"image": "images", "text": "texts"}
 # purposes of the seeds drawn per learn (with gdacil.cil.runner.task_seed)
 _ADAPT, _CAP, _RESERVOIR = 0, 101, 102
@@ -346,7 +352,7 @@ class Learner:
         self._set_statistics(stats)
         self._head, self._reservoir = head, reservoir
         self._ids, self._next_id, self._steps = ids, self._next_id + len(fresh), t + 1
-        self._record = {"name": bb.name, "config": _jsonable(bb.config()),
+        self._record = {"name": bb.name, "config": _portable(_jsonable(bb.config())),
                         "modality": bb.modality, "dim": bb.dim,
                         "weights_sha256": bb.weights_fingerprint()}
         report = LearnReport(samples.source, len(samples), tuple(learned), tuple(fresh),
@@ -421,12 +427,44 @@ class Learner:
                              f"{_PLURAL.get(modality, modality)}")
 
     def _loader(self, load):
-        check = load_texts if self.modality == "text" else load_images
-        return lambda keys: check(load(keys))
+        """``load`` checked for this model's modality; messages name an input by its path, or
+        as ``inputs[key]`` (its position among all the inputs, not within the batch)."""
+        texts = self.modality == "text"
+        check = load_texts if texts else load_images
 
-    def _extract(self, keys: list[str], load, progress: bool = False) -> torch.Tensor:
-        return extract_features(self.backbone, keys, load, batch_size=self.config.batch_size,
-                                progress=progress, load_batches=4)
+        def loaded(keys):
+            items = load(keys)
+            return check(items, names=[
+                str(x) if not texts and isinstance(x, (str, os.PathLike)) else f"inputs[{k}]"
+                for k, x in zip(keys, items)])
+
+        return loaded
+
+    def _extract(self, keys: list[str], load, progress: bool = False,
+                 what: str = "learn") -> torch.Tensor:
+        """Features of ``keys``: with a progress bar (``progress``), else with a progress line
+        on the ``gdacil.learner`` logger (INFO) at most every :data:`PROGRESS_SECONDS` while it
+        runs, so that a user whose output is not a terminal sees it is alive. The chunks are
+        :func:`extract_features`' own, so the features are the same either way."""
+        bb, batch = self.backbone, self.config.batch_size
+        step = batch * 4
+        if progress or len(keys) <= step or not logger.isEnabledFor(logging.INFO):
+            return extract_features(bb, keys, load, batch_size=batch, progress=progress,
+                                    load_batches=4)
+        noun = _PLURAL.get(bb.modality, "samples")
+        start = last = _clock()
+        parts = []
+        for done in range(0, len(keys), step):
+            parts.append(extract_features(bb, keys[done:done + step], load, batch_size=batch,
+                                          load_batches=4))
+            now, done = _clock(), min(done + step, len(keys))
+            if now - last >= PROGRESS_SECONDS and done < len(keys):
+                left = (now - start) / done * (len(keys) - done)
+                logger.info("%s: extracted %s of %s %s (%d%%), about %s left", what,
+                            f"{done:,}", f"{len(keys):,}", noun, 100 * done // len(keys),
+                            _duration(left))
+                last = now
+        return torch.cat(parts)
 
     def _features(self, raws: list) -> torch.Tensor:
         return self._extract([str(i) for i in range(len(raws))],
@@ -451,7 +489,7 @@ class Learner:
         if not items:
             return []
         load = self._loader(lambda keys: [items[int(k)] for k in keys])
-        X = self._extract([str(i) for i in range(len(items))], load, progress)
+        X = self._extract([str(i) for i in range(len(items))], load, progress, what="predict")
         scores = self._head.decision_function(X).to(torch.float64).cpu()
         probabilities = torch.softmax(scores, dim=1)
         names = self._names(self._head.classes_.tolist())
@@ -464,8 +502,15 @@ class Learner:
     def forget(self, classes: str | Iterable[str]) -> list[str]:
         """Remove ``classes`` (names): their statistics, their place in the head and their raw
         anchors. Returns the names removed. A backbone a strategy trained on them is not
-        un-trained, and earlier saved versions keep them (roll back to recover a class)."""
-        names = [classes] if isinstance(classes, str) else [str(c) for c in classes]
+        un-trained, and earlier saved versions keep them (roll back to recover a class).
+        Names are normalised as labels are (:func:`~gdacil.learner.names.class_name`: NFC,
+        surrounding whitespace stripped, integers as their decimal string)."""
+        from .names import class_name
+
+        given = [classes] if isinstance(classes, str) else list(classes)
+        names = [c if isinstance(c, str) and c in self._ids  # a name saved before normalising
+                 else class_name(c, "classes" if isinstance(classes, str) else f"classes[{i}]")
+                 for i, c in enumerate(given)]
         for name in names:
             if name not in self._ids:
                 raise self._unknown(name)
@@ -627,7 +672,7 @@ class Learner:
         meta_path = _required(opened, "learner.json")
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise CorruptFileError(meta_path, f"not valid JSON ({exc})", bundle.ADVICE) from None
         found = meta.get("format") if isinstance(meta, dict) else None
         if found != LEARNER_FORMAT:
@@ -648,16 +693,41 @@ class Learner:
         return learner
 
     def _restore_state(self, opened: bundle.OpenedVersion, meta: dict) -> None:
+        where = opened.file("learner.json")
+
+        def corrupt(problem: str) -> CorruptFileError:
+            return CorruptFileError(where, problem, bundle.ADVICE)
+
+        def count(value, what: str) -> int:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise corrupt(f"{what} must be an integer >= 0; got {value!r}")
+            return value
+
         classes = meta["classes"]
-        self._ids = {str(c["name"]): int(c["id"]) for c in classes}
-        self._order = [int(c["id"]) for c in classes]
-        self._counts = [int(c["samples"]) for c in classes]
+        if not isinstance(classes, list) or not all(isinstance(c, dict) for c in classes):
+            raise corrupt("classes must be a list of {name, id, samples}")
+        for c in classes:
+            if not isinstance(c["name"], str) or not c["name"]:
+                raise corrupt(f"a class name must be a non-empty string; got {c['name']!r}")
+        self._ids = {c["name"]: count(c["id"], f"the id of class {c['name']!r}")
+                     for c in classes}
+        self._order = [c["id"] for c in classes]
+        self._counts = [count(c["samples"], f"the samples of class {c['name']!r}")
+                        for c in classes]
         if len(self._ids) != len(classes) or len(set(self._order)) != len(classes):
-            raise CorruptFileError(opened.file("learner.json"), "repeats a class name or id",
-                                   bundle.ADVICE)
+            raise corrupt("repeats a class name or id")
+        self._next_id = count(meta["next_id"], "next_id")
+        self._steps = count(meta["learns"], "learns")
+        if self._order and self._next_id <= max(self._order):
+            # the next learn would give a new class the id of one held: two classes merged
+            raise corrupt(f"next_id {self._next_id} is not above the largest class id "
+                          f"{max(self._order)}")
         self._lazy = opened if classes else None
-        self._next_id, self._steps = int(meta["next_id"]), int(meta["learns"])
-        self._record, self._history = meta["backbone"], list(meta.get("history", []))
+        record = meta["backbone"]
+        if record is not None and not isinstance(record, dict):
+            raise corrupt(f"backbone must be a mapping; got {record!r}")
+        self._record = _portable(record) if record else record  # no path of the machine
+        self._history = list(meta.get("history", []))
         if opened.has("head.safetensors"):
             self._head, self._eigenpairs = restore_head(
                 self.config.build_head(), *load_tensors(opened.file("head.safetensors")))
@@ -671,7 +741,11 @@ class Learner:
         if self._strategy is not None and opened.has("strategy.safetensors"):
             self._strategy.load_state_dict(*load_tensors(opened.file("strategy.safetensors")))
         if opened.has("anchors.json"):
-            data = json.loads(opened.file("anchors.json").read_text(encoding="utf-8"))
+            try:
+                data = json.loads(opened.file("anchors.json").read_text(encoding="utf-8"))
+            except (ValueError, RecursionError) as exc:
+                raise CorruptFileError(opened.file("anchors.json"), f"not valid JSON ({exc})",
+                                       bundle.ADVICE) from None
             self._reservoir = AnchorReservoir.from_json(
                 data, lambda rel: _required(opened, rel).read_bytes())
 
@@ -716,6 +790,33 @@ def _anchor_side(bb) -> int | None:
     if transform is None:
         return None
     return int(getattr(transform, "resize", None) or transform.size)
+
+
+#: Keys of a backbone's record (its ``config()``) that name where its weights came from.
+_LOCATIONS = ("source", "tokenizer", "checkpoint_path")
+
+
+def _portable(value):
+    """A backbone record (or its config) with no path of this machine: the locations of
+    weights and tokenizers as :func:`gdacil.backbones.base.portable_location` writes them.
+    Records of models saved before are rewritten the same way when loaded."""
+    from ..backbones.base import portable_location
+
+    if isinstance(value, dict):
+        return {k: portable_location(v) if k in _LOCATIONS and isinstance(v, str)
+                else _portable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_portable(v) for v in value]
+    return value
+
+
+def _duration(seconds: float) -> str:
+    """``"40 s"``, ``"3 min"``, ``"1.5 h"``: a rough time left."""
+    if seconds < 90:
+        return f"{max(1, round(seconds))} s"
+    if seconds < 5400:
+        return f"{round(seconds / 60)} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _jsonable(value):
