@@ -28,7 +28,16 @@ def test_quick_run_writes_results_for_every_scenario(tmp_path, capsys):
         assert row["requests"] == clients * 6
         assert 0 < row["p50_ms"] <= row["p99_ms"] and math.isfinite(row["requests_per_s"])
         assert math.isclose(row["inputs_per_s"], row["requests_per_s"] * row["inputs_per_request"])
+    heavy = model["heavy"]
+    assert [r["heavy"] for r in heavy] == ["none", "one 2-megapixel image", "256 images"]
+    for row in heavy:
+        assert row["light_errors"] == 0 and row["light_clients"] == 3
+        assert 0 < row["light_p50_ms"] <= row["light_p99_ms"] <= row["light_max_ms"]
+        assert row["heavy_requests"] >= (row["heavy"] != "none")
+        assert row["heavy_errors"] == []
     text = (tmp_path / "serve.md").read_text()
+    assert "## A heavy client beside 3 light ones (2 s each)" in text
+    assert "| tiny-vit | 256 images |" in text
     assert "| tiny-vit | single x8 clients | 8 | 1 |" in text
     assert "## predict against the bare model" in text
     capsys.readouterr()

@@ -74,12 +74,17 @@ def call(url: str, path: str, payload=None, *, raw: bytes | None = None) -> tupl
         return err.code, json.loads(err.read())
 
 
-@pytest.fixture
-def model_dir(tmp_path):
+def colour_model(tmp_path):
+    """A tiny image model of three colours, saved as ``tmp_path/model`` (version v1)."""
     learner = tiny_learner()
     learner.learn(*colour_set(COLOURS, 8))
     learner.save(tmp_path / "model")
     return tmp_path / "model"
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    return colour_model(tmp_path)
 
 
 def queries(n: int, seed: int) -> list[np.ndarray]:
@@ -150,27 +155,24 @@ def test_eight_concurrent_clients_are_all_answered_correctly(model_dir):
             assert_same(answer, reference[c])
 
 
-def test_the_batching_worker_answers_each_request_alone_when_one_fails(model_dir):
-    """A batch with an input that fails in the model: the others are still answered."""
+def test_a_request_failing_in_the_model_fails_alone(model_dir):
+    """A request whose input fails in the backbone gets its own 400; others are answered."""
+    from gdacil.learner.serve import PredictRequest
+
     service = ModelService(model_dir, poll=0).start()
     try:
-        good = service._inputs({"inputs": [png_base64(x) for x in queries(1, seed=3)]})
-        jobs = [service_job(good, 1), service_job([np.zeros((4, 4, 7), np.uint8)], 1),
-                service_job(good, 2)]
-        service._answer(jobs)
-        assert jobs[0].future.result()["version"] == "v1"
-        assert len(jobs[2].future.result()["predictions"][0]) == 2
-        with pytest.raises(RequestError) as err:
-            jobs[1].future.result()
-        assert err.value.status == 400
+        good = service.prepare({"inputs": [png_base64(x) for x in queries(1, seed=3)],
+                                "top_k": 2})  # one image of each colour
+        bad = PredictRequest([np.zeros((4, 4, 7), np.uint8)], [1.0], 1)
+        futures = [service.submit(r) for r in (good, bad, good)]
+        assert [len(p) for p in service.answer(good, futures[0].result(60))["predictions"]] \
+            == [2, 2, 2]
+        assert service.answer(good, futures[2].result(60))["version"] == "v1"
+        with pytest.raises(ValueError, match="image arrays"):
+            futures[1].result(60)
+        assert service.health()["status"] == "ok"
     finally:
         service.close()
-
-
-def service_job(items, top_k):
-    from gdacil.learner.serve import _Job
-
-    return _Job(items, top_k)
 
 
 # ---------------------------------------------------------------------- learning and swaps
@@ -259,7 +261,7 @@ def test_bad_requests_get_4xx_with_a_message(model_dir):
         ({"inputs": [image], "topk": 2}, 400, "unknown fields: topk"),
         ({"inputs": [image] * 5}, 400, "5 inputs in one request; at most 4"),
         ({"inputs": [big]}, 400, "300x300 pixels; at most 10000"),
-        ([1, 2], 400, "bad request body"),
+        ([1, 2], 400, "the body must be a JSON object"),
     ]
     service = ModelService(model_dir, poll=0, max_inputs=4, max_pixels=10_000, max_body=32768)
     with running(service) as url:
@@ -295,7 +297,7 @@ def test_bad_learn_requests_change_nothing(model_dir):
     with running(ModelService(model_dir, poll=0, allow_learn=True)) as url:
         for payload, message in [
             ({"inputs": [image], "labels": []}, "one per input"),
-            ({"inputs": [image], "labels": [""]}, "non-empty strings"),
+            ({"inputs": [image], "labels": [""]}, "labels[0]: empty label"),
             ({"inputs": [image], "labels": ["red"], "top_k": 1}, "unknown fields: top_k"),
         ]:
             got, answer = call(url, "/learn", payload)
@@ -311,6 +313,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until_serving(process: subprocess.Popen, url: str) -> None:
+    """Wait until the ``gdacil serve`` in ``process`` answers ``/health`` at ``url``."""
+    def up() -> bool:
+        assert process.poll() is None, process.stdout.read()
+        try:
+            return call(url, "/health")[0] == 200
+        except OSError:
+            return False
+
+    wait_for(up, seconds=120)
+
+
 def test_gdacil_serve_command(model_dir):
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "gdacil", "serve", str(model_dir),
@@ -318,14 +332,7 @@ def test_gdacil_serve_command(model_dir):
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        def up() -> bool:
-            assert process.poll() is None, process.stdout.read()
-            try:
-                return call(url, "/health")[0] == 200
-            except OSError:
-                return False
-
-        wait_for(up, seconds=120)
+        wait_until_serving(process, url)
         images = queries(1, seed=9)
         status, answer = call(url, "/predict", {"inputs": [png_base64(x) for x in images]})
         assert status == 200

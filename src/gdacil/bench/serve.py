@@ -14,6 +14,11 @@ random ViT with ``--quick``), a :class:`gdacil.Learner` learns ``classes`` class
   request from 1 and from 8 concurrent clients, and batches of ``batch`` inputs from 1 and 4
   clients. Each client sends ``requests`` requests after one warm-up; reported: requests and
   inputs per second over the scenario's wall time, and p50/p99 request latency.
+* **a heavy client.** ``light`` clients send one-input requests in a loop for ``seconds``,
+  alone and then beside one heavy client that sends maximal requests the whole time: one 10 MiB
+  text or ``max_inputs`` texts at the backbone's length bound (text models), one image of
+  ``megapixels`` (the server's limit) or ``max_inputs`` images (image models). Reported: the light clients' p50, p99 and
+  slowest latency with and without the heavy client, and what the heavy client got through.
 
 Everything runs with ``--threads`` torch threads. Regenerate with
 ``python -m gdacil bench serve --out benchmarks --overwrite`` (writes ``serve.json`` and
@@ -66,6 +71,9 @@ class ServeBenchConfig:
     repeats: int = 3
     threads: int = 1
     seed: int = 0
+    light: int = 15               # light clients beside the heavy one (16 clients in all)
+    seconds: float = 20.0         # per heavy-client scenario
+    megapixels: float = 40.0      # the heavy client's large image
 
 
 FULL = ServeBenchConfig(models={
@@ -76,7 +84,8 @@ FULL = ServeBenchConfig(models={
 QUICK = ServeBenchConfig(
     models={"tiny-vit": ServeModel("vit", {"config": TINY_VIT}, "image", 8,
                                    "randomly initialised 2-layer ViT, 32 px")},
-    classes=4, per_class=4, requests=5, repeats=1)
+    classes=4, per_class=4, requests=5, repeats=1, light=3, seconds=2.0,
+    megapixels=2.0)
 
 #: (scenario name, clients, inputs per request; 0 means the model's batch)
 SCENARIOS = (("single", 1, 1), ("single x8 clients", 8, 1), ("batch", 1, 0),
@@ -153,9 +162,95 @@ def _client(port: int, bodies: list[bytes], latencies: list, errors: list) -> No
     finally:
         connection.close()
 
+def _heavy_bodies(modality: str, payload: list[str], max_chars: int | None, max_inputs: int,
+                  megapixels: float) -> dict[str, bytes]:
+    """The heavy client's request bodies, by name: one maximal input, and ``max_inputs``
+    maximal inputs (texts at the length bound; images)."""
+    if modality == "text":
+        bound = max_chars or 25_600
+        unit = "the customer asked about a refund for the last invoice "
+        return {"one 10 MiB text": json.dumps(
+                    {"inputs": [unit * (10 * 2**20 // len(unit))]}).encode(),
+                f"{max_inputs} texts at the length bound": json.dumps(
+                    {"inputs": [(unit * (bound // len(unit) + 1))[:bound]] * max_inputs}
+                ).encode()}
+    from PIL import Image
+
+    width = round((megapixels * 1e6 * 1.6) ** 0.5)
+    height = int(megapixels * 1e6) // width
+    ramp = np.linspace(0, 255, width, dtype=np.float32)  # smooth: the PNG stays small
+    pixels = np.stack([np.broadcast_to(ramp, (height, width)),
+                       np.broadcast_to(ramp[::-1], (height, width)),
+                       np.full((height, width), 128, np.float32)], -1).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG", compress_level=1)
+    big = base64.b64encode(buffer.getvalue()).decode()
+    return {f"one {width * height / 1e6:.0f}-megapixel image": json.dumps(
+                {"inputs": [big]}).encode(),
+            f"{max_inputs} images": json.dumps(
+                {"inputs": [payload[i % len(payload)] for i in range(max_inputs)]}).encode()}
+
+
+def _loop(port: int, bodies: list[bytes], until: float, latencies: list, errors: list) -> None:
+    """POST ``bodies`` in turn until ``until`` (the first request warms the connection up)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    try:
+        k = 0
+        while k == 0 or time.perf_counter() < until:
+            start = time.perf_counter()
+            connection.request("POST", "/predict", body=bodies[k % len(bodies)],
+                               headers={"Content-Type": "application/json"})
+            response = connection.getresponse()
+            response.read()
+            if response.status != 200:
+                errors.append(response.status)
+            if k:
+                latencies.append(time.perf_counter() - start)
+            k += 1
+    finally:
+        connection.close()
+
+
+def measure_heavy(port: int, payload: list[str], heavy: dict[str, bytes],
+                  cfg: ServeBenchConfig, log) -> list[dict]:
+    """The light clients' latencies alone and beside each heavy client."""
+    light = [[json.dumps({"inputs": [payload[(c * 5 + r) % len(payload)]]}).encode()
+              for r in range(8)] for c in range(cfg.light)]
+    rows = []
+    for kind in ["none", *heavy]:
+        until = time.perf_counter() + cfg.seconds
+        latencies: list[float] = []
+        errors: list[int] = []
+        heavy_latencies: list[float] = []
+        heavy_errors: list[int] = []
+        workers = [threading.Thread(target=_loop, args=(port, b, until, latencies, errors))
+                   for b in light]
+        if kind != "none":
+            workers.append(threading.Thread(target=_loop, args=(
+                port, [heavy[kind]], until, heavy_latencies, heavy_errors)))
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        row = {"heavy": kind, "light_clients": cfg.light, "light_requests": len(latencies),
+               "light_errors": len(errors),
+               "light_p50_ms": 1e3 * float(np.percentile(latencies, 50)),
+               "light_p99_ms": 1e3 * float(np.percentile(latencies, 99)),
+               "light_max_ms": 1e3 * max(latencies),
+               "heavy_requests": len(heavy_latencies) + (kind != "none"),
+               "heavy_errors": sorted(set(heavy_errors)),
+               "heavy_p50_ms": (1e3 * float(np.percentile(heavy_latencies, 50))
+                                if heavy_latencies else None)}
+        log(f"  heavy client {kind}: light p50 {row['light_p50_ms']:.0f} ms, p99 "
+            f"{row['light_p99_ms']:.0f} ms, max {row['light_max_ms']:.0f} ms over "
+            f"{len(latencies)} requests; heavy {row['heavy_requests']} requests, errors "
+            f"{row['heavy_errors']}")
+        rows.append(row)
+    return rows
+
 
 def measure_serve(directory: Path, payload: list[str], batch: int, cfg: ServeBenchConfig,
-                  log) -> list[dict]:
+                  log) -> tuple[list[dict], list[dict]]:
     import uvicorn
 
     from ..learner.serve import ModelService, create_app
@@ -195,10 +290,14 @@ def measure_serve(directory: Path, payload: list[str], batch: int, cfg: ServeBen
                 f"{row['inputs_per_s']:.1f} inputs/s, p50 {row['p50_ms']:.0f} ms, "
                 f"p99 {row['p99_ms']:.0f} ms")
             rows.append(row)
+        max_chars = service.info()["server"]["max_text_chars"]
+        heavy = _heavy_bodies(service.learner.modality, payload, max_chars, service.max_inputs,
+                              cfg.megapixels)
+        heavy_rows = measure_heavy(port, payload, heavy, cfg, log)
     finally:
         server.should_exit = True
         thread.join(60)
-    return rows
+    return rows, heavy_rows
 
 
 def bench_model(name: str, spec: ServeModel, cfg: ServeBenchConfig, log) -> dict:
@@ -223,10 +322,11 @@ def bench_model(name: str, spec: ServeModel, cfg: ServeBenchConfig, log) -> dict
             f"{predict['batch']} ({predict['predict_s'] * 1e3:.0f} ms against "
             f"{predict['bare_s'] * 1e3:.0f} ms; "
             f"{predict['fraction_with_preprocessing']:.3f} with its preprocessing)")
-        serve = measure_serve(Path(tmp) / "model", _payload(queries, spec.modality), spec.batch,
-                              cfg, log)
+        serve, heavy = measure_serve(Path(tmp) / "model", _payload(queries, spec.modality),
+                                     spec.batch, cfg, log)
     return {"about": spec.about, "source": source, "classes": len(learner.classes),
-            "learned": len(learn), "learn_s": learn_s, "predict": predict, "serve": serve}
+            "learned": len(learn), "learn_s": learn_s, "predict": predict, "serve": serve,
+            "heavy": heavy}
 
 
 def run(cfg: ServeBenchConfig, log=print) -> dict:
@@ -252,6 +352,15 @@ def render(payload: dict) -> str:
         [[name, r["scenario"], r["clients"], r["inputs_per_request"], f"{r['requests_per_s']:.1f}",
           f"{r['inputs_per_s']:.1f}", f"{r['p50_ms']:.0f}", f"{r['p99_ms']:.0f}", r["errors"]]
          for name, m in models.items() for r in m["serve"]])
+    heavy = markdown_table(
+        ["model", "heavy client", "light p50 ms", "light p99 ms", "light max ms",
+         "light requests", "light errors", "heavy requests", "heavy p50 ms", "heavy errors"],
+        [[name, r["heavy"], f"{r['light_p50_ms']:.0f}", f"{r['light_p99_ms']:.0f}",
+          f"{r['light_max_ms']:.0f}", r["light_requests"], r["light_errors"],
+          r["heavy_requests"] if r["heavy"] != "none" else "-",
+          f"{r['heavy_p50_ms']:.0f}" if r["heavy_p50_ms"] is not None else "-",
+          ", ".join(map(str, r["heavy_errors"])) or ("0" if r["heavy"] != "none" else "-")]
+         for name, m in models.items() for r in m.get("heavy", [])])
     machine = payload["machine"]
     intro, bullets = __doc__.split("\n\n")[1:3]
     return "\n".join([
@@ -262,7 +371,9 @@ def render(payload: dict) -> str:
         f"torch thread(s), torch {machine['torch']}; "
         f"{cfg['classes']} classes; {cfg['requests']} requests per client and scenario.", "",
         "## predict against the bare model", "", predict, "",
-        "## gdacil serve", "", serve, ""])
+        "## gdacil serve", "", serve, "",
+        f"## A heavy client beside {cfg['light']} light ones ({cfg['seconds']:g} s each)", "",
+        heavy, ""])
 
 
 def main(argv=None) -> int:

@@ -19,33 +19,49 @@ Endpoints (JSON in and out; every error is ``{"error": "<what is wrong>"}`` with
                    "report": "..."}``
 =================  ================================================================================
 
-Statuses: 400 bad input (wrong types, bad base64, an unreadable image, too many inputs or pixels),
-403 ``/learn`` when learning is not allowed, 409 when another process changed the model while a
-learn ran (nothing is written), 413 a body over ``max_body`` bytes, 503 while shutting down.
+Statuses: 400 bad input (a body that is not a JSON object, wrong types, bad base64, an
+unreadable image, a label that is not a class name, too many inputs or pixels), 403 ``/learn``
+when learning is not allowed, 404/405 an unknown path or method, 409 when another process changed
+the model while a learn ran (nothing is written), 413 a body over ``max_body`` bytes, 500 a
+failure of the server itself (the log has the traceback), 503 (with ``Retry-After``) when the
+queue is full, a request missed its deadline (``timeout``), or the server is shutting down. A body
+is read as JSON whatever its ``Content-Type``.
 
-Predictions keep flowing while a learn runs: every batch reads the current model once, and the
-learned copy replaces it with one reference assignment, after its version is saved. Versions
-written by other processes (``gdacil learn``, ``gdacil rollback``) are loaded and swapped in within
-``poll`` seconds. Predict requests that arrive together are answered together, in batches of up to
-``max_batch`` inputs, so concurrent clients share backbone forwards.
+Scoring never runs on the event loop: one worker thread runs every backbone forward through a
+:class:`~gdacil.learner.scheduler.PredictionScheduler`, which batches concurrent requests (up to
+``max_batch`` inputs and about ``batch_seconds`` of work per forward), smallest request first, so
+one client's huge or numerous inputs cannot hold up another's small request for more than about
+two forwards. Bodies are parsed and images decoded in the thread pool, at most ``max_decoding``
+images at once; texts are cut to the backbone's bound before tokenising.
+
+Predictions keep flowing while a learn runs: every request is answered by the model that was
+current when it was queued, and the learned copy replaces it with one reference assignment,
+after its version is saved. Versions written by other processes (``gdacil learn``, ``gdacil
+rollback``) are loaded and swapped in within ``poll`` seconds; a version that fails to load keeps
+the old one serving, and ``GET /health`` answers 503 with ``"status": "stale"`` and the reason
+until a loadable version is current again.
 """
 
-from __future__ import annotations
-
+import asyncio
 import base64
 import binascii
-import io
-import queue
+import json
+import logging
 import threading
+import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .._optional import require
+from .scheduler import Busy, Expired, PredictionScheduler
 
 __all__ = ["ModelService", "RequestError", "create_app", "serve"]
 
 INSTALL = "pip install 'gdacil[serve]'"
+_log = logging.getLogger(__name__)
+#: Seconds before a version that failed to load is tried again (a new CURRENT is tried at once).
+RETRY_FAILED_LOAD = 30.0
 
 
 class RequestError(ValueError):
@@ -56,11 +72,13 @@ class RequestError(ValueError):
         self.status = status
 
 
-@dataclass
-class _Job:
+@dataclass(frozen=True)
+class PredictRequest:
+    """A checked ``/predict`` body: decoded inputs, their costs and ``top_k``."""
+
     items: list
+    costs: list[float]
     top_k: int
-    future: Future = field(default_factory=Future)
 
 
 class ModelService:
@@ -73,17 +91,24 @@ class ModelService:
     allow_learn : bool
         Whether :meth:`learn` is allowed (``POST /learn``).
     max_batch : int
-        Most inputs answered by one backbone forward when requests arrive together.
+        Most inputs in one backbone forward.
     max_inputs : int
         Most inputs in one request.
     max_body : int
         Most bytes in one request body (checked by :func:`create_app`).
     max_pixels : int
-        Most pixels in one image input (checked before it is decoded).
+        Most pixels in one image input (checked from its header, before it is decoded).
+    max_pending : int
+        Most inputs waiting to be scored; a request that would exceed it gets 503 at once.
+    timeout : float
+        Seconds within which a predict request is answered, or refused with 503 (its deadline).
+    batch_seconds : float
+        Target duration of one backbone forward: the bound on how long a request waits for the
+        forward in flight (see :mod:`gdacil.learner.scheduler`).
+    max_decoding : int
+        Images decoded at once (bounds the memory that large images take while decoding).
     poll : float
         Seconds between checks for a version written by another process; 0 never checks.
-    timeout : float
-        Seconds a predict request waits for its answer.
     device : optional
         Device of the backbone (default: the backbone's own).
 
@@ -106,52 +131,58 @@ class ModelService:
 
     def __init__(self, directory, *, allow_learn: bool = False, max_batch: int = 64,
                  max_inputs: int = 256, max_body: int = 32 << 20, max_pixels: int = 40_000_000,
-                 poll: float = 1.0, timeout: float = 300.0, device=None):
+                 max_pending: int = 1024, timeout: float = 60.0, batch_seconds: float = 0.5,
+                 max_decoding: int = 4, poll: float = 1.0, device=None):
         for name, value in (("max_batch", max_batch), ("max_inputs", max_inputs),
-                            ("max_body", max_body), ("max_pixels", max_pixels)):
+                            ("max_body", max_body), ("max_pixels", max_pixels),
+                            ("max_pending", max_pending), ("max_decoding", max_decoding)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer; got {value!r}")
+        for name, seconds in (("timeout", timeout), ("batch_seconds", batch_seconds)):
+            if not isinstance(seconds, (int, float)) or not 0 < seconds < float("inf"):
+                raise ValueError(f"{name} must be a positive number of seconds; got "
+                                 f"{seconds!r}")
+        if not isinstance(poll, (int, float)) or not 0 <= poll < float("inf"):
+            raise ValueError(f"poll must be 0 or a positive number of seconds; got {poll!r}")
+        if max_pending < max_inputs:
+            raise ValueError(f"max_pending ({max_pending}) must be at least max_inputs "
+                             f"({max_inputs}), or no full request could ever be queued")
         self.directory = Path(directory).expanduser()
         self.allow_learn = allow_learn
         self.max_batch, self.max_inputs = max_batch, max_inputs
         self.max_body, self.max_pixels = max_body, max_pixels
-        self.poll, self.timeout, self.device = poll, timeout, device
-        self._learner = self._load()
+        self.max_pending, self.timeout, self.batch_seconds = max_pending, timeout, batch_seconds
+        self.poll, self.device = poll, device
+        self._decoding = threading.BoundedSemaphore(max_decoding)
         self._learn_lock = threading.Lock()
-        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._problem: str | None = None  # why the current version is not the one served
+        self._failed: tuple[str, float] | None = None  # a version that failed to load, when
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._watcher: threading.Thread | None = None
+        self._scheduler = PredictionScheduler(self._run, max_batch=max_batch,
+                                              max_pending=max_pending,
+                                              batch_seconds=batch_seconds)
+        self._learner = self._load()
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> ModelService:
-        """Start the batching worker and the version poller (idempotent)."""
-        if not self._threads:
-            self._stop.clear()
-            self._threads = [threading.Thread(target=self._work, name="gdacil-predict",
-                                              daemon=True)]
-            if self.poll > 0:
-                self._threads.append(threading.Thread(target=self._watch, name="gdacil-poll",
-                                                      daemon=True))
-            for thread in self._threads:
-                thread.start()
+    def start(self) -> "ModelService":
+        """Start the prediction worker and the version poller (idempotent)."""
+        self._stop.clear()
+        self._scheduler.start()
+        if self.poll > 0 and self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch, name="gdacil-poll", daemon=True)
+            self._watcher.start()
         return self
 
     def close(self) -> None:
-        """Stop the threads; requests still queued are refused with status 503."""
+        """Stop the threads; requests still waiting are refused with status 503."""
         self._stop.set()
-        self._queue.put(None)
-        for thread in self._threads:
-            thread.join()
-        self._threads = []
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.future.set_exception(RequestError(503, "the server is shutting down"))
+        self._scheduler.close(RequestError(503, "the server is shutting down"))
+        if self._watcher is not None:
+            self._watcher.join()
+            self._watcher = None
 
-    def __enter__(self) -> ModelService:
+    def __enter__(self) -> "ModelService":
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -167,60 +198,122 @@ class ModelService:
         from .learner import Learner
 
         learner = Learner.load(self.directory, version, device=self.device)
-        _warm_up(learner)
+        self._warm_up(learner)
         return learner
 
-    def _watch(self) -> None:
-        from .bundle import current_version
+    def _warm_up(self, learner) -> None:
+        """Build the backbone and score one input, so the first request is not slow, a text
+        tokenizer has settled its padding state before threads share it, and the scheduler
+        starts from a measured speed (one input overestimates it: the first batches are small)."""
+        if learner.head is None:
+            return
+        if learner.modality == "text":
+            sample = ["warm-up"]
+        else:
+            Image = require("PIL.Image", feature="image inputs", install="pip install pillow")
+            sample = [Image.new("RGB", (32, 32), (128, 128, 128))]
+        started = time.perf_counter()
+        learner.predict(sample)
+        cost = self._costs(learner, sample)[0]
+        if self._scheduler.seconds_per_cost is None:
+            self._scheduler.seconds_per_cost = (time.perf_counter() - started) / cost
 
+    def _watch(self) -> None:
         while not self._stop.wait(self.poll):
             try:
-                latest = current_version(self.directory)
-            except (OSError, ValueError):
-                continue  # a writer mid-switch, or the directory is gone: keep the model
-            if latest == self._learner.version or not self._learn_lock.acquire(blocking=False):
-                continue
-            try:
-                if latest != self._learner.version:
-                    self._learner = self._load(latest)
-            except (OSError, ValueError):
-                pass  # damaged or half-written: the next poll tries again
-            finally:
-                self._learn_lock.release()
+                self._check_version()
+            except Exception as exc:  # never let the poller die: report it on /health
+                self._problem = f"checking for new versions failed: {_describe(exc)}"
+                _log.exception("gdacil serve: %s", self._problem)
+
+    def _check_version(self) -> None:
+        from .bundle import current_version
+
+        try:
+            latest = current_version(self.directory)
+        except (OSError, ValueError) as exc:  # a writer mid-switch, or the directory is gone
+            self._problem = f"cannot read the current version of {self.directory}: {exc}"
+            return
+        if latest == self._learner.version:
+            self._problem = None
+            return
+        failed = self._failed
+        if failed and failed[0] == latest and time.monotonic() - failed[1] < RETRY_FAILED_LOAD:
+            return
+        if not self._learn_lock.acquire(blocking=False):
+            return  # a learn is saving: its version is swapped in by the learn itself
+        try:
+            if latest != self._learner.version:
+                self._learner = self._load(latest)
+            self._problem, self._failed = None, None
+        except Exception as exc:  # damaged, half-written, or a bug: keep serving the old one
+            self._problem = f"version {latest} cannot be loaded: {_describe(exc)}"
+            self._failed = (latest, time.monotonic())
+            _log.warning("gdacil serve: %s; still serving %s", self._problem,
+                         self._learner.version)
+        finally:
+            self._learn_lock.release()
 
     def info(self) -> dict:
-        return {**self._learner.info(),
+        learner = self._learner
+        return {**learner.info(),
                 "server": {"allow_learn": self.allow_learn, "max_batch": self.max_batch,
                            "max_inputs": self.max_inputs, "max_body": self.max_body,
-                           "max_pixels": self.max_pixels}}
+                           "max_pixels": self.max_pixels, "max_pending": self.max_pending,
+                           "timeout": self.timeout, "batch_seconds": self.batch_seconds,
+                           "max_text_chars": _max_chars(learner)}}
 
     def health(self) -> dict:
+        """``{"status": "ok", "version", "classes"}``; when the model served is not the
+        directory's current one, or a worker stopped, ``status`` is ``"stale"`` or
+        ``"failing"`` and ``reason`` says why (``/health`` answers those with 503)."""
         learner = self._learner
-        return {"status": "ok", "version": learner.version, "classes": len(learner.classes)}
+        out = {"status": "ok", "version": learner.version, "classes": len(learner.classes)}
+        if not self._scheduler.alive and not self._stop.is_set():
+            return {**out, "status": "failing", "reason": "the prediction worker is not running"}
+        if self.poll > 0 and self._watcher is not None and not self._watcher.is_alive():
+            return {**out, "status": "failing", "reason": "the version poller stopped"}
+        if self._problem is not None:
+            return {**out, "status": "stale", "reason": self._problem}
+        return out
 
     # ------------------------------------------------------------------ requests
-    def _inputs(self, payload) -> list:
+    def prepare(self, payload) -> PredictRequest:
+        """Check a ``/predict`` body and decode its inputs (images are decoded here, in the
+        caller's thread, a bounded number at a time)."""
         if not isinstance(payload, dict):
             raise RequestError(400, "the body must be a JSON object")
+        extra = sorted(set(payload) - {"inputs", "top_k"})
+        if extra:
+            raise RequestError(400, f"unknown fields: {', '.join(extra)} (predict takes "
+                                    "'inputs' and 'top_k')")
+        top_k = payload.get("top_k", 1)
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise RequestError(400, f"'top_k' must be a positive integer; got {top_k!r}")
+        items = self._inputs(payload)
+        return PredictRequest(items, self._costs(self._learner, items), top_k)
+
+    def _inputs(self, payload) -> list:
         inputs = payload.get("inputs")
         if not isinstance(inputs, list) or not inputs:
             raise RequestError(400, "'inputs' must be a non-empty list")
         if len(inputs) > self.max_inputs:
             raise RequestError(400, f"{len(inputs)} inputs in one request; at most "
                                     f"{self.max_inputs}")
-        bad = next((i for i, x in enumerate(inputs) if not isinstance(x, str)), None)
-        if bad is not None:
-            raise RequestError(400, f"inputs[{bad}] is a {type(inputs[bad]).__name__}, not a "
-                                    "string")
+        for i, x in enumerate(inputs):
+            if not isinstance(x, str):
+                raise RequestError(400, f"inputs[{i}] is a {type(x).__name__}, not a string")
+            if not _encodable(x):
+                raise RequestError(400, f"inputs[{i}] is not valid Unicode (it holds a lone "
+                                        "surrogate)")
         if self._learner.modality == "text":
             return inputs
         return [self._image(x, i) for i, x in enumerate(inputs)]
 
     def _image(self, text: str, i: int):
-        from ..data.images import open_image
-        from .data import MAX_SIDE
+        """An image input decoded as ``gdacil learn`` and ``gdacil predict`` decode files."""
+        from .data import load_image
 
-        Image = require("PIL.Image", feature="image inputs", install="pip install pillow")
         if text.startswith("data:"):
             text = text.partition(",")[2]
         try:
@@ -228,113 +321,115 @@ class ModelService:
         except (binascii.Error, ValueError):
             raise RequestError(400, f"inputs[{i}] is not base64 (this model classifies "
                                     "images: send base64-encoded image files)") from None
+        with self._decoding:
+            try:
+                return load_image(raw, max_pixels=self.max_pixels, name=f"inputs[{i}]")
+            except ValueError as exc:
+                raise RequestError(400, str(exc)) from None
+
+    @staticmethod
+    def _costs(learner, items: list) -> list[float]:
+        """The work of each input: about its tokens for a text (the backbone bounds them),
+        1 for an image (every image is resized to the backbone's size)."""
+        if learner.modality != "text":
+            return [1.0] * len(items)
+        longest = getattr(learner.backbone, "max_length", None) or float("inf")
+        return [min(len(x) / 4 + 2, longest) for x in items]
+
+    def submit(self, request: PredictRequest) -> Future:
+        """Queue a prepared request; the future gives ``[(version, Prediction), ...]``."""
         try:
-            with Image.open(io.BytesIO(raw)) as im:
-                width, height = im.size
-            if width * height > self.max_pixels:
-                raise RequestError(400, f"inputs[{i}] has {width}x{height} pixels; at most "
-                                        f"{self.max_pixels} per image")
-            return open_image(io.BytesIO(raw), max_side=MAX_SIDE).convert("RGB")
-        except (Image.UnidentifiedImageError, Image.DecompressionBombError, OSError,
-                SyntaxError) as exc:
-            raise RequestError(400, f"inputs[{i}] is not an image that can be read "
-                                    f"({exc})") from None
+            return self._scheduler.submit(self._learner, request.items, request.costs,
+                                          top_k=request.top_k, timeout=self.timeout)
+        except Busy as exc:
+            raise RequestError(503, str(exc)) from None
+
+    def _run(self, learner, items: list, top_k: int) -> list:
+        return [(learner.version, p) for p in learner.predict(items, top_k=top_k)]
+
+    def answer(self, request: PredictRequest, results: list) -> dict:
+        """The ``/predict`` answer of ``request`` from its results."""
+        return {"version": results[0][0],
+                "predictions": [p.to_list()[:request.top_k] for _, p in results]}
 
     def predict(self, payload) -> dict:
         """Answer ``{"inputs": [...], "top_k": k}`` (see the module's documentation)."""
-        top_k = payload.get("top_k", 1) if isinstance(payload, dict) else 1
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-            raise RequestError(400, f"'top_k' must be a positive integer; got {top_k!r}")
-        extra = sorted(set(payload) - {"inputs", "top_k"}) if isinstance(payload, dict) else []
-        if extra:
-            raise RequestError(400, f"unknown fields: {', '.join(extra)} (predict takes "
-                                    "'inputs' and 'top_k')")
-        job = _Job(self._inputs(payload), top_k)
-        if self._stop.is_set() or not self._threads:
-            raise RequestError(503, "the server is not running")
-        self._queue.put(job)
-        return job.future.result(timeout=self.timeout)
-
-    def _work(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            jobs, n = [job], len(job.items)
-            while n < self.max_batch:
-                try:
-                    more = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    self._queue.put(None)  # stop after this batch
-                    break
-                jobs.append(more)
-                n += len(more.items)
-            self._answer(jobs)
-
-    def _answer(self, jobs: list[_Job]) -> None:
-        """One forward for all ``jobs``; if it fails, each job alone, so only its own fails."""
-        learner = self._learner  # read once: a swap during the batch does not mix versions
+        request = self.prepare(payload)
+        future = self.submit(request)
         try:
-            predictions = learner.predict([x for j in jobs for x in j.items],
-                                          top_k=max(j.top_k for j in jobs))
+            results = future.result(timeout=self.timeout + 1)
         except Exception as exc:
-            if len(jobs) == 1:
-                jobs[0].future.set_exception(
-                    RequestError(400, str(exc)) if isinstance(exc, ValueError) else exc)
-                return
-            for job in jobs:
-                self._answer([job])
-            return
-        start = 0
-        for job in jobs:
-            mine = predictions[start:start + len(job.items)]
-            start += len(job.items)
-            job.future.set_result({"version": learner.version, "predictions": [
-                p.to_list()[:job.top_k] for p in mine]})
+            raise refusal(exc) from None
+        return self.answer(request, results)
 
     def learn(self, payload) -> dict:
         """Answer ``{"inputs": [...], "labels": [...]}``: learn on a copy, save it as a new
-        version, then swap it in. Learns run one at a time."""
+        version, then swap it in. Learns run one at a time; a learn that fails writes nothing."""
+        from .bundle import BundleError
+        from .names import class_name
+
         if not self.allow_learn:
             raise RequestError(403, "learning is not allowed on this server (start it with "
                                     "--allow-learn)")
-        inputs = self._inputs(payload)
-        labels = payload.get("labels")
+        if not isinstance(payload, dict):
+            raise RequestError(400, "the body must be a JSON object")
         extra = sorted(set(payload) - {"inputs", "labels"})
         if extra:
             raise RequestError(400, f"unknown fields: {', '.join(extra)} (learn takes "
                                     "'inputs' and 'labels')")
-        if not isinstance(labels, list) or len(labels) != len(inputs) \
-                or not all(isinstance(y, str) and y for y in labels):
-            raise RequestError(400, "'labels' must be a list of non-empty strings, one per input")
-        from .bundle import BundleError
-
+        inputs = self._inputs(payload)
+        labels = payload.get("labels")
+        if not isinstance(labels, list) or len(labels) != len(inputs):
+            raise RequestError(400, "'labels' must be a list of class names, one per input")
+        try:
+            labels = [class_name(y, f"labels[{i}]") for i, y in enumerate(labels)]
+        except ValueError as exc:
+            raise RequestError(400, str(exc)) from None
         with self._learn_lock:
             learner = self._learner.copy()
             try:
                 report = learner.learn(inputs, labels)
+                answer = {"new": list(report.new), "updated": list(report.updated),
+                          "classes": len(learner.classes), "report": str(report)}
+                json.dumps(answer)  # an answer that cannot be sent must fail before the save
                 version = learner.save(self.directory)
             except BundleError as exc:
                 raise RequestError(409, str(exc)) from None
             except ValueError as exc:
                 raise RequestError(400, str(exc)) from None
-            self._learner = learner
-        return {"version": version, "new": list(report.new), "updated": list(report.updated),
-                "classes": len(learner.classes), "report": str(report)}
+            self._learner, self._problem, self._failed = learner, None, None
+        return {"version": version, **answer}
 
 
-def _warm_up(learner) -> None:
-    """Build the backbone and run one prediction, so the first request is not slow and a text
-    tokenizer has settled its padding state before threads share it."""
-    if learner.head is None:
-        return
-    if learner.modality == "text":
-        learner.predict(["warm-up"])
-    else:
-        Image = require("PIL.Image", feature="image inputs", install="pip install pillow")
-        learner.predict([Image.new("RGB", (32, 32), (128, 128, 128))])
+def refusal(exc: BaseException) -> RequestError:
+    """The :class:`RequestError` that answers a failed prediction."""
+    if isinstance(exc, RequestError):
+        return exc
+    if isinstance(exc, (Expired, TimeoutError)):
+        return RequestError(503, "the request was not answered within the server's timeout; "
+                                 "the server is overloaded, try again shortly")
+    if isinstance(exc, ValueError):
+        return RequestError(400, str(exc))
+    return RequestError(500, f"the prediction failed: {_describe(exc)}")
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _max_chars(learner) -> int | None:
+    """The longest text the backbone reads (longer ones are cut before tokenising)."""
+    if learner.modality != "text":
+        return None
+    return getattr(learner.backbone, "max_chars", None)
 
 
 class _BodyLimit:
@@ -388,15 +483,35 @@ class _BodyLimit:
         await send({"type": "http.response.body", "body": body})
 
 
+def _json_body(body: bytes, content_type: str):
+    """The JSON value of a request body (any content type: ``curl -d`` sends form-encoded)."""
+    hint = "" if "json" in content_type else " (send a JSON body, with Content-Type: " \
+        "application/json)"
+    try:
+        return json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise RequestError(400, "bad request body: not UTF-8 text" + hint) from None
+    except RecursionError:
+        raise RequestError(400, "bad request body: JSON nested too deeply") from None
+    except ValueError as exc:
+        raise RequestError(400, f"bad request body: not JSON ({exc}){hint}") from None
+
+
 def create_app(service: ModelService):
-    """A FastAPI application serving ``service`` (started and closed with the application)."""
+    """A FastAPI application serving ``service`` (started and closed with the application).
+
+    Handlers never block the event loop: bodies are parsed and images decoded in the thread
+    pool, predictions wait on the scheduler's future, learns run in the thread pool. Every
+    answer, errors included, is JSON. (This module does not postpone annotations: FastAPI reads
+    the handlers' ``Request`` annotations, which are local to this function.)
+    """
     require("fastapi", feature="gdacil serve", install=INSTALL)
     from contextlib import asynccontextmanager
 
-    from fastapi import Body, FastAPI, Request
+    from fastapi import FastAPI, Request
     from fastapi.concurrency import run_in_threadpool
-    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException
 
     from .. import __version__
 
@@ -412,38 +527,60 @@ def create_app(service: ModelService):
 
     @app.exception_handler(RequestError)
     async def refused(request: Request, exc: RequestError):
-        return JSONResponse({"error": str(exc)}, status_code=exc.status)
+        headers = {"Retry-After": "1"} if exc.status == 503 else None
+        return JSONResponse({"error": str(exc)}, status_code=exc.status, headers=headers)
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError):
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        return JSONResponse({"error": f"bad request body: {problems}"}, status_code=400)
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, exc: Exception):
+        _log.error("gdacil serve: %s %s failed", request.method, request.url.path,
+                   exc_info=exc)
+        return JSONResponse({"error": f"internal error ({_describe(exc)}); the server's log "
+                                      "has the details"}, status_code=500)
+
+    async def body(request: Request):
+        raw = await request.body()
+        return await run_in_threadpool(_json_body, raw, request.headers.get("content-type", ""))
 
     @app.get("/health")
-    def health():
-        return service.health()
+    async def health():
+        answer = service.health()
+        return JSONResponse(answer, status_code=200 if answer["status"] == "ok" else 503)
 
     @app.get("/info")
-    def info():
-        return service.info()
+    async def info():
+        return await run_in_threadpool(service.info)
 
     @app.post("/predict")
-    def predict(payload: dict = Body(...)):  # noqa: B008 (FastAPI's way to read a JSON body)
-        return service.predict(payload)
+    async def predict(request: Request):
+        prepared = await run_in_threadpool(service.prepare, await body(request))
+        future = service.submit(prepared)
+        try:
+            results = await asyncio.wait_for(asyncio.wrap_future(future), service.timeout + 1)
+        except Exception as exc:
+            future.cancel()
+            raise refusal(exc) from None
+        return service.answer(prepared, results)
 
     @app.post("/learn")
-    def learn(payload: dict = Body(...)):  # noqa: B008
-        return service.learn(payload)
+    async def learn(request: Request):
+        return await run_in_threadpool(service.learn, await body(request))
 
     return app
 
 
 def serve(directory, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
-          **options) -> None:
-    """Serve the model in ``directory`` until interrupted (``options``: :class:`ModelService`'s)."""
+          max_connections: int = 256, **options) -> None:
+    """Serve the model in ``directory`` until interrupted, in this one process (``options``:
+    :class:`ModelService`'s). Connections beyond ``max_connections`` are answered 503."""
     uvicorn = require("uvicorn", feature="gdacil serve", install=INSTALL)
     service = ModelService(directory, **options)
     print(f"gdacil: serving {directory} (version {service.learner.version}, "
           f"{len(service.learner.classes)} classes) on http://{host}:{port}"
           + ("; POST /learn allowed" if service.allow_learn else ""), flush=True)
-    uvicorn.run(create_app(service), host=host, port=port, log_level=log_level)
+    uvicorn.run(create_app(service), host=host, port=port, log_level=log_level,
+                limit_concurrency=max_connections, timeout_graceful_shutdown=10)
