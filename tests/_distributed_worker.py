@@ -106,7 +106,10 @@ def main(out: Path, checks: list[str]) -> None:
             tensors.update(check_rows(rank))
         if "train" in checks:
             tensors.update(train_nsp())
-        meta = {"errors": errors, "world": distributed.world_size()}
+        from gdacil.backbones.base import resolve_precision
+
+        meta = {"errors": errors, "world": distributed.world_size(),
+                "auto_precision": resolve_precision("auto", "cpu")}
         save_tensors(out / f"rank{rank}.safetensors", tensors, meta)
 
 

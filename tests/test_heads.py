@@ -640,6 +640,7 @@ def test_lowered_gemm_error_bounds_real_products(dtype, exact):
     (True, torch.float32, "bfloat16"), (False, torch.float32, "float32"),
     (True, torch.float64, "float32"), (False, torch.float64, "float32")])
 def test_auto_screening_precision_follows_the_cpu(monkeypatch, native, dtype, expected):
+    monkeypatch.delenv("GDACIL_NATIVE_BF16", raising=False)  # the CPU's answer, not an override
     for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
         monkeypatch.setattr(torch.cpu, name, lambda: native, raising=False)
     stats, queries = pruning_problem()

@@ -410,7 +410,8 @@ def test_runner_with_full_rank_low_rank_statistics_reproduces_the_dense_run(tmp_
 def test_runner_with_low_rank_tracks_compensates_checkpoints_and_resumes(tmp_path):
     color_folder(tmp_path / "images")
     statistics = {"storage": "lowrank", "rank": 4, "dtype": "float32"}
-    full = run_experiment(adapting_config(tmp_path, "full", statistics=statistics),
+    # fp32 pinned, as "auto" would tie the resume identity to the CPU (bf16: test_runner.py)
+    full = run_experiment(adapting_config(tmp_path, "full", "fp32", statistics=statistics),
                           log=lambda *_: None)
     assert set(full["seeds"]["3"]) == {f"{t}/{h}" for t in TRACKS for h in ("ncm", "lda", "lr_rgda")}
 
@@ -418,7 +419,7 @@ def test_runner_with_low_rank_tracks_compensates_checkpoints_and_resumes(tmp_pat
         if t == 1:
             raise KeyboardInterrupt
 
-    cfg = adapting_config(tmp_path, "killed", statistics=statistics)
+    cfg = adapting_config(tmp_path, "killed", "fp32", statistics=statistics)
     with pytest.raises(KeyboardInterrupt):
         run_experiment(cfg, log=lambda *_: None, on_task_end=kill)
     saved = ClassStatistics.load(tmp_path / "killed" / "seed_3" / "stats_task2_hopdc.safetensors")

@@ -34,7 +34,9 @@ def color_folder(root, n_classes=4, n_train=6, n_test=3, size=32, seed=0):
     return root
 
 
-def vit_config(tmp_path, out="run", **extra):
+def vit_config(tmp_path, out="run", precision=None, **extra):
+    """The tiny-ViT experiment on ``tmp_path/images``; ``precision`` pins
+    ``backbone.precision`` (None: the default "auto", which depends on the machine)."""
     data = {
         "name": "tiny-vit",
         "seeds": [3],
@@ -46,8 +48,15 @@ def vit_config(tmp_path, out="run", **extra):
         "cache_dir": str(tmp_path / "cache"),
         "progress": False,
     }
+    if precision is not None:
+        data["backbone"]["precision"] = precision
     data.update(extra)
     return config_from_dict(ExperimentConfig, data)
+
+
+#: both forward-pass precisions, whatever the machine's "auto" picks: equalities that must hold
+#: in bf16 too run in both (bf16 is emulated, correct but slower, on a CPU without AVX512-BF16)
+BOTH_PRECISIONS = pytest.mark.parametrize("precision", ["fp32", "bf16"])
 
 
 def hand_metrics(evaluations, n_tasks):
@@ -90,9 +99,12 @@ def test_tiny_vit_run_records_metrics_that_match_a_hand_computed_matrix(tmp_path
 
 
 @needs_transformers
-def test_resume_after_an_interruption_gives_identical_results(tmp_path):
+@BOTH_PRECISIONS
+def test_resume_after_an_interruption_gives_identical_results(tmp_path, precision):
     color_folder(tmp_path / "images")
-    full = run_experiment(vit_config(tmp_path, out="full"), log=lambda *_: None)
+    full = run_experiment(vit_config(tmp_path, out="full", precision=precision),
+                          log=lambda *_: None)
+    assert full["backbone_precision"] == precision
 
     class Killed(Exception):
         pass
@@ -101,7 +113,7 @@ def test_resume_after_an_interruption_gives_identical_results(tmp_path):
         if t == 0:
             raise Killed
 
-    cfg = vit_config(tmp_path, out="killed")
+    cfg = vit_config(tmp_path, out="killed", precision=precision)
     with pytest.raises(Killed):
         run_experiment(cfg, log=lambda *_: None, on_task_end=kill_after_first_task)
     assert not (tmp_path / "killed" / "results.json").exists()
@@ -208,15 +220,18 @@ TRACKS = {"none": {"name": "identity"},
           "sldc": {"name": "sldc_linear"}}
 
 
-def adapting_config(tmp_path, out, **extra):
-    return vit_config(tmp_path, out=out, strategy=TRAIN_TINY, compensators=TRACKS,
+def adapting_config(tmp_path, out, precision=None, **extra):
+    return vit_config(tmp_path, out=out, precision=precision, strategy=TRAIN_TINY,
+                      compensators=TRACKS,
                       anchors={"n": 0, "include_current": True}, **extra)
 
 
 @needs_transformers
 def test_fine_tuned_backbone_feeds_every_compensator_track(tmp_path):
     color_folder(tmp_path / "images")
-    results = run_experiment(adapting_config(tmp_path, "adapt", drift_diagnostics=True),
+    # fp32 pinned: the equalities below hold in either precision, and "auto" would tie the
+    # test to the CPU (the bf16 trajectory is checked by the resume test below)
+    results = run_experiment(adapting_config(tmp_path, "adapt", "fp32", drift_diagnostics=True),
                              log=lambda *_: None)
     seeds = results["seeds"]["3"]
     assert set(seeds) == {f"{t}/{h}" for t in TRACKS for h in ("ncm", "lda", "lr_rgda")}
@@ -232,22 +247,24 @@ def test_fine_tuned_backbone_feeds_every_compensator_track(tmp_path):
     timings = json.loads((tmp_path / "adapt" / "timings.json").read_text())["3"]
     assert timings[0]["adapt"]["steps"] == 4 and "compensate_s" in timings[1]
     # the identity track is exactly the run without compensators: one backbone trajectory
-    alone = run_experiment(vit_config(tmp_path, out="alone", strategy=TRAIN_TINY),
-                           log=lambda *_: None)
+    alone = run_experiment(vit_config(tmp_path, out="alone", precision="fp32",
+                                      strategy=TRAIN_TINY), log=lambda *_: None)
     for head in ("ncm", "lda", "lr_rgda"):
         assert alone["seeds"]["3"][head] == seeds[f"none/{head}"]
 
 
 @needs_transformers
-def test_resume_with_a_training_strategy_gives_identical_results(tmp_path):
+@BOTH_PRECISIONS
+def test_resume_with_a_training_strategy_gives_identical_results(tmp_path, precision):
     color_folder(tmp_path / "images")
-    full = run_experiment(adapting_config(tmp_path, "full"), log=lambda *_: None)
+    full = run_experiment(adapting_config(tmp_path, "full", precision), log=lambda *_: None)
+    assert full["backbone_precision"] == precision
 
     def kill(seed, t):
         if t == 1:
             raise KeyboardInterrupt
 
-    cfg = adapting_config(tmp_path, "killed")
+    cfg = adapting_config(tmp_path, "killed", precision)
     with pytest.raises(KeyboardInterrupt):
         run_experiment(cfg, log=lambda *_: None, on_task_end=kill)
     assert sorted(p.name for p in (tmp_path / "killed" / "seed_3").glob("backbone_task*"))\
