@@ -104,6 +104,14 @@ def test_http_cli_and_python_answer_alike_on_texts(tmp_path, capsys):
     assert_same(answer_huge["predictions"], [learner.predict(huge[:bound], top_k=2)[0].to_list()])
 
 
+def test_texts_are_scored_in_groups_of_similar_length():
+    """A forward never pads a short text to a long one's length (the scheduler's costs hold)."""
+    from gdacil.learner.serve import _similar_costs
+
+    assert _similar_costs([10, 300, 12, 25, 250, 11]) == [[0, 5, 2], [3], [4, 1]]
+    assert _similar_costs([1.0] * 4) == [[0, 1, 2, 3]] and _similar_costs([]) == []
+
+
 # ---------------------------------------------------------------------- labels and learns
 def test_labels_that_are_no_class_names_are_refused_and_write_nothing(model_dir):
     image = png_base64(queries(1, seed=1)[0])

@@ -24,6 +24,7 @@ from ._optional import require
 from .hashing import sha256_json, sha256_tensors
 
 __all__ = [
+    "TEMP_NAME",
     "CorruptFileError",
     "atomic_write_bytes",
     "atomic_write_text",
@@ -32,14 +33,15 @@ __all__ = [
     "remove_stale_temp_files",
     "save_tensors",
     "tensors_checksum",
+    "write_error",
 ]
 
 _META_KEY = "gdacil"
 _CHECKSUM_KEY = "gdacil.sha256"
 _SAFETENSORS = {"feature": "saving and loading tensors", "install": "pip install 'gdacil[io]'"}
-#: The names ``atomic_write_bytes`` gives its temporary files: ``.NAME.<8 random characters>.tmp`` (the
-#: random part is what :func:`tempfile.mkstemp` draws: 8 characters of ``[a-z0-9_]``).
-_TEMP_NAME = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
+#: The names ``atomic_write_bytes`` gives its temporary files: ``.NAME.<8 random characters>.tmp``
+#: (the random part is what :func:`tempfile.mkstemp` draws: 8 characters of ``[a-z0-9_]``).
+TEMP_NAME = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
 #: Default age (seconds) after which :func:`remove_stale_temp_files` takes a temporary file for
 #: the leftover of a killed writer.
 STALE_TEMP_AGE = 3600.0
@@ -82,7 +84,7 @@ def atomic_write_with(path: str | os.PathLike, write: Callable[[Path], object]) 
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:
-        raise _write_error(exc, path) from None
+        raise write_error(exc, path) from None
     os.close(fd)
     tmp = Path(name)
     try:
@@ -95,7 +97,7 @@ def atomic_write_with(path: str | os.PathLike, write: Callable[[Path], object]) 
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         if isinstance(exc, Exception) and (isinstance(exc, OSError) or _os_error_code(exc)):
-            raise _write_error(exc, path) from None
+            raise write_error(exc, path) from None
         raise
     return path
 
@@ -114,7 +116,7 @@ def _os_error_code(exc: BaseException) -> int | None:
     return int(found.group(1) or found.group(2)) if found else None
 
 
-def _write_error(exc: BaseException, path: str | os.PathLike) -> OSError:
+def write_error(exc: BaseException, path: str | os.PathLike) -> OSError:
     """An ``OSError`` for a failed write of ``path`` (the file the caller meant, never a
     temporary one), with the errno of ``exc`` where known (``ENOSPC``, ``EFBIG``, ``EACCES``,
     ...): ``[Errno 28] No space left on device: 'path'``. Its type is the ``OSError``
@@ -150,7 +152,7 @@ def remove_stale_temp_files(directory: str | os.PathLike, *, max_age: float = ST
     removed = []
     for folder in folders:
         for entry in _entries(folder):
-            if not _TEMP_NAME.fullmatch(entry.name):
+            if not TEMP_NAME.fullmatch(entry.name):
                 continue
             try:
                 if (entry.is_file(follow_symlinks=False)

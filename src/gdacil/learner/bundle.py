@@ -51,11 +51,11 @@ from typing import cast
 from .. import __version__
 from ..hashing import sha256_json
 from ..io import (
-    _TEMP_NAME,
+    TEMP_NAME,
     CorruptFileError,
-    _write_error,
     atomic_write_text,
     remove_stale_temp_files,
+    write_error,
 )
 
 __all__ = [
@@ -401,7 +401,7 @@ def _write_file(path: Path, data: bytes) -> None:
             fh.flush()
             os.fsync(fh.fileno())
     except OSError as exc:
-        raise _write_error(exc, path) from None
+        raise write_error(exc, path) from None
 
 
 def _tensors_checksum(path: Path) -> str | None:
@@ -422,7 +422,7 @@ def check_new_model_dir(directory) -> Path:
     if directory.exists() and not directory.is_dir():
         raise BundleError(f"{directory} is a file, not a model directory")
     if (directory.is_dir() and not (directory / CURRENT).exists()
-            and any(e.name not in (_LOCK, VERSIONS) and not _TEMP_NAME.fullmatch(e.name)
+            and any(e.name not in (_LOCK, VERSIONS) and not TEMP_NAME.fullmatch(e.name)
                     for e in os.scandir(directory))):
         raise BundleError(f"{directory} is not empty and not a gdacil model; save the model "
                           "in a new or empty directory")
@@ -477,7 +477,7 @@ def write_version(directory, write: Callable[[VersionWriter], dict], *, expect_c
             shutil.rmtree(tmp, ignore_errors=True)
             if isinstance(exc, OSError) and isinstance(exc.filename, str) \
                     and exc.filename.startswith(str(tmp)):  # name the file it was to become
-                raise _write_error(exc, folder / name / os.path.relpath(exc.filename, tmp)) \
+                raise write_error(exc, folder / name / os.path.relpath(exc.filename, tmp)) \
                     from None
             raise
         _fsync_dir(folder)

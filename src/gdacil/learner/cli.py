@@ -128,8 +128,8 @@ def learner_commands(sub) -> None:
                             "1024)")
     serve.add_argument("--timeout", type=positive_seconds, default=60.0, metavar="S",
                        help="seconds a request may wait for its answer, else 503 (default: 60)")
-    serve.add_argument("--batch-seconds", type=positive_seconds, default=0.5, metavar="S",
-                       help="about how long one shared forward pass may take (default: 0.5)")
+    serve.add_argument("--batch-seconds", type=positive_seconds, default=0.3, metavar="S",
+                       help="about how long one shared forward pass may take (default: 0.3)")
     serve.add_argument("--max-connections", type=positive_int, default=256, metavar="N",
                        help="connections beyond are answered 503 (default: 256)")
     serve.add_argument("--poll", type=nonnegative_seconds, default=1.0, metavar="S",

@@ -82,7 +82,7 @@ class PredictionScheduler:
     """
 
     def __init__(self, run: Callable[[object, list, int], Sequence], *, max_batch: int = 64,
-                 max_pending: int = 1024, batch_seconds: float = 0.5,
+                 max_pending: int = 1024, batch_seconds: float = 0.3,
                  clock: Callable[[], float] = time.monotonic):
         self.run = run
         self.max_batch, self.max_pending, self.batch_seconds = max_batch, max_pending, batch_seconds

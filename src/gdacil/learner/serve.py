@@ -131,7 +131,7 @@ class ModelService:
 
     def __init__(self, directory, *, allow_learn: bool = False, max_batch: int = 64,
                  max_inputs: int = 256, max_body: int = 32 << 20, max_pixels: int = 40_000_000,
-                 max_pending: int = 1024, timeout: float = 60.0, batch_seconds: float = 0.5,
+                 max_pending: int = 1024, timeout: float = 60.0, batch_seconds: float = 0.3,
                  max_decoding: int = 4, poll: float = 1.0, device=None):
         for name, value in (("max_batch", max_batch), ("max_inputs", max_inputs),
                             ("max_body", max_body), ("max_pixels", max_pixels),
@@ -345,7 +345,14 @@ class ModelService:
             raise RequestError(503, str(exc)) from None
 
     def _run(self, learner, items: list, top_k: int) -> list:
-        return [(learner.version, p) for p in learner.predict(items, top_k=top_k)]
+        """``[(version, Prediction), ...]`` of ``items``. Texts are scored in groups of similar
+        length (within a factor 2), so a short text is not padded to a long one's length and a
+        forward costs what the scheduler estimated (the sum of its inputs' costs)."""
+        predictions: list = [None] * len(items)
+        for group in _similar_costs(self._costs(learner, items)):
+            for i, p in zip(group, learner.predict([items[i] for i in group], top_k=top_k)):
+                predictions[i] = (learner.version, p)
+        return predictions
 
     def answer(self, request: PredictRequest, results: list) -> dict:
         """The ``/predict`` answer of ``request`` from its results."""
@@ -411,6 +418,17 @@ def refusal(exc: BaseException) -> RequestError:
     if isinstance(exc, ValueError):
         return RequestError(400, str(exc))
     return RequestError(500, f"the prediction failed: {_describe(exc)}")
+
+
+def _similar_costs(costs: list[float]) -> list[list[int]]:
+    """Positions of ``costs`` in groups whose largest cost is at most twice the smallest."""
+    groups: list[list[int]] = []
+    for i in sorted(range(len(costs)), key=costs.__getitem__):
+        if groups and costs[i] <= 2 * costs[groups[-1][0]]:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 def _describe(exc: BaseException) -> str:
