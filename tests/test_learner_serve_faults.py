@@ -240,11 +240,17 @@ def test_the_poller_survives_any_failure_and_health_says_why(model_dir, monkeypa
 
 
 # ---------------------------------------------------------------------- property-based
+def texts(max_size: int):
+    """Any text, lone surrogates and control characters included (what JSON can carry)."""
+    return st.lists(st.characters(exclude_categories=[]) | st.sampled_from(
+        ["\ud800", "\udfff", "\x00", "\u0301", " "]), max_size=max_size).map("".join)
+
+
 def json_values():
-    scalars = (st.none() | st.booleans() | st.integers(-10, 10**12) | st.text(max_size=8)
+    scalars = (st.none() | st.booleans() | st.integers(-10, 10**12) | texts(8)
                | st.floats(allow_nan=False, allow_infinity=False))
     return st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
-                        | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8)
+                        | st.dictionaries(texts(6), inner, max_size=3), max_leaves=8)
 
 
 def predict_bodies(image: str):
@@ -286,7 +292,7 @@ def test_any_predict_body_gets_a_json_answer_and_changes_nothing(model_dir):
 
 def test_any_learn_body_either_saves_one_version_or_nothing(model_dir):
     image = png_base64(queries(1, seed=6)[0])
-    labels = st.lists(st.text(max_size=6) | st.integers(-3, 3) | st.none()
+    labels = st.lists(texts(6) | st.integers(-3, 3) | st.none()
                       | st.floats(allow_nan=True) | st.binary(max_size=3).map(repr), max_size=3)
     bodies = st.fixed_dictionaries({"inputs": st.lists(st.just(image), max_size=3),
                                     "labels": labels}) | predict_bodies(image)

@@ -528,10 +528,21 @@ def create_app(service: ModelService):
 
     from fastapi import FastAPI, Request
     from fastapi.concurrency import run_in_threadpool
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse as FastJSONResponse
     from starlette.exceptions import HTTPException
 
     from .. import __version__
+
+    class JSONResponse(FastJSONResponse):
+        """UTF-8 JSON; an answer that echoes a lone surrogate of the request (a label, a field
+        name) is sent with ``\\u`` escapes instead of failing to encode."""
+
+        def render(self, content) -> bytes:
+            try:
+                return super().render(content)
+            except UnicodeEncodeError:
+                return json.dumps(content, ensure_ascii=True, allow_nan=False,
+                                  separators=(",", ":")).encode("ascii")
 
     @asynccontextmanager
     async def lifespan(app):
@@ -540,7 +551,7 @@ def create_app(service: ModelService):
         await run_in_threadpool(service.close)
 
     app = FastAPI(title="gdacil", version=__version__, lifespan=lifespan,
-                  description=__doc__.split("\n\n")[0])
+                  description=__doc__.split("\n\n")[0], default_response_class=JSONResponse)
     app.add_middleware(_BodyLimit, limit=service.max_body)
 
     @app.exception_handler(RequestError)
