@@ -194,6 +194,15 @@ def test_an_unknown_backbone_option_is_refused_before_any_work(tmp_path, capsys,
     assert raised.value.code == 2
     err = capsys.readouterr().err
     assert "backbone.options: backbone 'minilm' has no option(s) ['bogus']" in err
+    # and from Python: run_experiment refuses it before it writes anything
+    from gdacil.cil import ConfigError, load_config
+    from gdacil.cil.runner import run_experiment
+
+    cfg = load_config(write(tmp_path, "backbone: {name: minilm, options: {bogus: 1}}\n"
+                                      f"output_dir: {tmp_path / 'out'}\n"))
+    with pytest.raises(ConfigError, match=r"has no option\(s\) \['bogus'\]"):
+        run_experiment(cfg)
+    assert not (tmp_path / "out").exists() and not built
 
 
 # ---------------------------------------------------------------------- 3. serve options

@@ -15,7 +15,7 @@ def test_yaml_config_is_validated_into_dataclasses(tmp_path):
 name: t
 seeds: [1, 2]
 protocol: {datasets: [fashion-mnist], increment: 2, train_cap: 5}
-backbone: {name: efficientnet-lite0, options: {image_size: 64}}
+backbone: {name: efficientnet-lite0, options: {size: 64}}
 heads:
   lda: {shrinkage: 0.2}
   low: {name: lr_rgda, params: {rank: 8}}

@@ -429,7 +429,8 @@ class ExperimentConfig(TypedConfig):
 
     def check_backbone_options(self) -> None:
         """Refuse (:class:`ConfigError`) an unknown backbone name or an option its factory does
-        not take, naming the options it takes: what ``gdacil run`` checks before any work.
+        not take, naming the options it takes: what :func:`~gdacil.cil.run_experiment` (and so
+        ``gdacil run``) checks before any work.
         Not part of reading a config, which may describe a backbone not installed here."""
         from ..backbones import BACKBONES, check_backbone_options
 

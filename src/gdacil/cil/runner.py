@@ -433,6 +433,7 @@ def run_experiment(cfg: ExperimentConfig, *, resume: bool = False, overwrite: bo
     dict
         The content of ``results.json`` (on every rank).
     """
+    cfg.check_backbone_options()  # an option the backbone does not take: before any work
     out = output_dir(cfg)
     fingerprint = experiment_fingerprint(cfg)
     main = distributed.is_main_process()
