@@ -155,6 +155,10 @@ def test_every_failure_is_json_with_a_message(model_dir, monkeypatch):
         for raw, want, message in cases:
             status, answer, _ = post(url, "/predict", raw)
             assert status == want and message in answer["error"], (raw[:20], answer)
+        for raw_image, message in image_bombs():  # Pillow's errors are JSON 400s too
+            status, answer = call(url, "/predict", {"inputs": [raw_image]})
+            assert status == 400 and answer["error"].startswith("inputs[0]") \
+                and message in answer["error"].lower(), answer
         status, answer, _ = post(url, "/nowhere", b"{}")
         assert status == 404 and answer == {"error": "Not Found"}
         status, answer = call(url, "/predict")  # a GET
@@ -167,6 +171,22 @@ def test_every_failure_is_json_with_a_message(model_dir, monkeypatch):
         status, answer = call(url, "/info")
         assert status == 500 and "RuntimeError: the disk caught fire" in answer["error"]
         assert call(url, "/health")[0] == 200
+
+
+def image_bombs() -> list[tuple[str, str]]:
+    """Base64 images Pillow refuses, and what the refusal says: a PNG whose zTXt chunk
+    expands past Pillow's limit, and a truncated PNG."""
+    import io
+
+    from PIL import Image, PngImagePlugin
+
+    info = PngImagePlugin.PngInfo()
+    info.add_text("comment", "a" * (PngImagePlugin.MAX_TEXT_CHUNK + 1024), zip=True)
+    bomb, whole = io.BytesIO(), io.BytesIO()
+    Image.new("L", (4, 4)).save(bomb, format="PNG", pnginfo=info)
+    Image.fromarray(queries(1, seed=2)[0]).save(whole, format="PNG")
+    return [(base64.b64encode(bomb.getvalue()).decode(), "decompressed data too large"),
+            (base64.b64encode(whole.getvalue()[:60]).decode(), "not an image file")]
 
 
 def test_a_full_queue_and_a_missed_deadline_answer_503_and_the_server_goes_on(model_dir):
