@@ -322,10 +322,12 @@ def test_any_predict_body_gets_a_json_answer_and_changes_nothing(model_dir):
 
 def test_any_learn_body_either_saves_one_version_or_nothing(model_dir):
     image = png_base64(queries(1, seed=6)[0])
-    labels = st.lists(texts(6) | st.integers(-3, 3) | st.none()
-                      | st.floats(allow_nan=True) | st.binary(max_size=3).map(repr), max_size=3)
-    bodies = st.fixed_dictionaries({"inputs": st.lists(st.just(image), max_size=3),
-                                    "labels": labels}) | predict_bodies(image)
+    label = (texts(6) | st.sampled_from(["red", "cafe\u0301", "caf\u00e9", " new "])
+             | st.integers(-3, 3) | st.none() | st.floats(allow_nan=True)
+             | st.binary(max_size=3).map(repr))
+    one_label_each = st.integers(1, 3).flatmap(lambda n: st.fixed_dictionaries(
+        {"inputs": st.just([image] * n), "labels": st.lists(label, min_size=n, max_size=n)}))
+    bodies = one_label_each | one_label_each | predict_bodies(image)
     with running(ModelService(model_dir, poll=0, allow_learn=True, max_inputs=4)) as url:
         saved = [1]
 
