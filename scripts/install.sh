@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 if [ "${GDACIL_SKIP_APT:-0}" != "1" ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  # real data that ships as Debian packages: WordNet glosses, Fashion-MNIST, openclipart images
-  apt-get install -y -qq wordnet-base dataset-fashion-mnist openclipart-png >/dev/null
+  # real data that ships as Debian packages: WordNet glosses, Fashion-MNIST, openclipart images;
+  # curl, which the test of the README's serving example runs
+  apt-get install -y -qq wordnet-base dataset-fashion-mnist openclipart-png curl >/dev/null
 fi
 
 # the CPU build of torch first, so that nothing below pulls a CUDA build
