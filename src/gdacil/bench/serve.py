@@ -146,22 +146,6 @@ def measure_predict(learner, raws: list, batch: int, repeats: int) -> dict:
             "fraction_with_preprocessing": with_pre_s / predict_s}
 
 
-def _client(port: int, bodies: list[bytes], latencies: list, errors: list) -> None:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    try:
-        for k, body in enumerate(bodies):
-            start = time.perf_counter()
-            connection.request("POST", "/predict", body=body,
-                               headers={"Content-Type": "application/json"})
-            response = connection.getresponse()
-            response.read()
-            if response.status != 200:
-                errors.append(response.status)
-            if k:  # the first request of each client warms its connection up
-                latencies.append(time.perf_counter() - start)
-    finally:
-        connection.close()
-
 def _heavy_bodies(modality: str, payload: list[str], max_chars: int | None, max_inputs: int,
                   megapixels: float) -> dict[str, bytes]:
     """The heavy client's request bodies, by name: one maximal input, and ``max_inputs``
@@ -191,14 +175,14 @@ def _heavy_bodies(modality: str, payload: list[str], max_chars: int | None, max_
                 {"inputs": [payload[i % len(payload)] for i in range(max_inputs)]}).encode()}
 
 
-def _loop(port: int, bodies: list[bytes], until: float, latencies: list, errors: list,
+def _loop(port: int, bodies: list[bytes], until: float | None, latencies: list, errors: list,
           warm_up: bool = True) -> None:
-    """POST ``bodies`` in turn until ``until`` (with ``warm_up``, the first request's latency
-    is not recorded: it opens the connection)."""
+    """POST ``bodies``: each once (``until`` None), or in turn until the time ``until``. With
+    ``warm_up``, the first request's latency is not recorded (it opens the connection)."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     try:
         k = 0
-        while k == 0 or time.perf_counter() < until:
+        while k < len(bodies) if until is None else (k == 0 or time.perf_counter() < until):
             start = time.perf_counter()
             connection.request("POST", "/predict", body=bodies[k % len(bodies)],
                                headers={"Content-Type": "application/json"})
@@ -274,7 +258,7 @@ def measure_serve(directory: Path, payload: list[str], batch: int, cfg: ServeBen
                        for r in range(cfg.requests + 1)] for c in range(clients)]
             latencies: list[float] = []
             errors: list[int] = []
-            workers = [threading.Thread(target=_client, args=(port, b, latencies, errors))
+            workers = [threading.Thread(target=_loop, args=(port, b, None, latencies, errors))
                        for b in bodies]
             start = time.perf_counter()
             for w in workers:

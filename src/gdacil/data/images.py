@@ -135,22 +135,6 @@ def _trusted_reads():
                 catcher.__exit__(None, None, None)
 
 
-@contextlib.contextmanager
-def _pixel_limit(max_pixels):
-    """Kept for callers of the old helper: ``None`` lifts the limit (see :func:`_trusted_reads`)."""
-    Image: Any = _pil()
-    if max_pixels is None:
-        with _trusted_reads():
-            yield Image
-        return
-    old = Image.MAX_IMAGE_PIXELS
-    Image.MAX_IMAGE_PIXELS = max_pixels
-    try:
-        yield Image
-    finally:
-        Image.MAX_IMAGE_PIXELS = old
-
-
 def _describe(source, name: str | None) -> str:
     if name is not None:
         return _one_line(name)
@@ -254,5 +238,5 @@ def too_many_pixels(label: str, width: int, height: int, max_pixels: int) -> str
 
 def image_size(path: str | os.PathLike) -> tuple[int, int]:
     """``(width, height)`` of an image file, read from its header (nothing is decoded)."""
-    with _pixel_limit(None) as Image, Image.open(path) as im:
+    with _trusted_reads(), _pil().open(path) as im:
         return im.size
