@@ -1,4 +1,9 @@
-"""Benchmarks that print their figures and write JSON, markdown and plots."""
+"""Benchmarks that print their figures and write JSON, markdown and plots.
+
+They ship with the package because ``gdacil bench NAME`` is a user command: users measure gdacil
+on their own hardware. They observe gdacil only through its public interfaces (callbacks, the
+timings a run records, return values) and never patch it (``benchmarks/README.md``).
+"""
 
 from __future__ import annotations
 
