@@ -7,7 +7,6 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from test_heads import HeadContract
 
 from gdacil import ClassGaussians
 from gdacil import feature_maps as fm
@@ -19,6 +18,7 @@ from gdacil.heads.rbf_lda import RBFLDA, oas_covariance
 from gdacil.heads.ridge import ACIL, RanPAC
 from gdacil.heads.ridge_lambda import DEFAULT_LAMBDA_GRID, select_ridge_lambda
 from gdacil.pooled_stats import PooledGaussians
+from gdacil.testing import HeadContract
 
 
 def blobs(seed=0, d=6, classes=(0, 1, 2), n=40, spread=1.5, scale=1.0):
@@ -344,7 +344,7 @@ def test_merge_of_shard_heads_equals_one_head(make):
     X, y = blobs(d=6, classes=(3, 8, 1, 5), n=40)
     perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(1))
     X, y = X[perm], y[perm]
-    whole = make().fit(X, y)
+    whole = make().partial_fit(X, y)
     parts = [make().partial_fit(X[s], y[s]) for s in (slice(0, 50), slice(50, 110), slice(110, 160))]
     merged = parts[0]
     merged.merge(parts[1]).merge(parts[2])
@@ -386,7 +386,7 @@ def test_fecam_distances_equal_a_dense_solve(kw):
     X = X.abs() if kw.get("tukey") else X
     Xq = blobs(seed=3, d=8, classes=(5, 2, 9), n=6)[0]
     Xq = Xq.abs() if kw.get("tukey") else Xq
-    head = FeCAM(**kw).fit(X, y)
+    head = FeCAM(**kw).partial_fit(X, y)
 
     def transform(v):
         v = v.pow(kw["tukey"]) if kw.get("tukey") else v
@@ -402,7 +402,7 @@ def test_fecam_distances_equal_a_dense_solve(kw):
 
 def test_fecam_from_class_statistics_equals_streaming():
     X, y = blobs(d=5, classes=(1, 4), n=25)
-    streamed = FeCAM(alpha1=0.5, tukey=0.5).fit(X.abs(), y)
+    streamed = FeCAM(alpha1=0.5, tukey=0.5).partial_fit(X.abs(), y)
     stats = ClassGaussians(5, ddof=1).update(streamed.transform(X.abs()), y)
     direct = FeCAM(alpha1=0.5, tukey=0.5).fit(stats)
     Xq = blobs(seed=2, d=5, classes=(1, 4), n=5)[0].abs()
@@ -422,13 +422,13 @@ def test_fecam_from_class_statistics_equals_streaming():
 def test_fecam_signed_tukey_on_negative_features_is_finite():
     X, y = blobs(d=6)  # about half the entries are negative
     assert (X < 0).float().mean() > 0.2
-    head = FeCAM.preset("resnet").fit(X, y)
+    head = FeCAM.preset("resnet").partial_fit(X, y)
     Z = head.transform(X)
     assert torch.allclose(Z, torch.sign(X) * X.abs().sqrt())
     assert torch.isfinite(head.decision_function(X)).all()
     assert head.score(X, y) > 0.8
     with pytest.raises(ValueError, match="log transform"):
-        FeCAM(tukey=0.0).fit(X, y)
+        FeCAM(tukey=0.0).partial_fit(X, y)
 
 
 def layer_norm_like(seed, n, d=16, classes=4):
@@ -450,20 +450,20 @@ def test_fecam_equal_alphas_on_zero_sum_features_is_not_singular():
     assert (eig[:, 0].abs() < 1e-12 * eig[:, -1]).all()  # the published matrix is singular
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no jitter escalation, no warnings
-        head = FeCAM(alpha1=10.0, alpha2=10.0).fit(X, y)
+        head = FeCAM(alpha1=10.0, alpha2=10.0).partial_fit(X, y)
         scores = head.decision_function(Xq)
     # reference: pseudo-inverse of each singular matrix (what the head documents)
     ref = torch.stack([((Xq - mu) @ torch.linalg.pinv(Rc, hermitian=True, rtol=1e-10)
                         * (Xq - mu)).sum(1) for mu, Rc in zip(stats.means, R)], 1)
     assert rel(-2 * (scores + math.log(4)), ref) <= 1e-8
-    diagonal_only = FeCAM(alpha1=10.0, alpha2=0.0).fit(X, y).score(Xq, yq)
+    diagonal_only = FeCAM(alpha1=10.0, alpha2=0.0).partial_fit(X, y).score(Xq, yq)
     assert head.score(Xq, yq) >= diagonal_only - 0.05 and diagonal_only > 0.6
 
 
 def test_fecam_refuses_a_state_that_would_not_fit():
     X, y = blobs(d=6)
     with pytest.raises(ValueError, match="max_bytes"):
-        FeCAM(max_bytes=1000).fit(X, y)
+        FeCAM(max_bytes=1000).partial_fit(X, y)
     with pytest.raises(ValueError, match="max_bytes"):
         RanPAC(dim_out=500, max_bytes=2**20).fit(X, y)
 
@@ -499,7 +499,7 @@ def test_bad_inputs_are_refused_with_clear_errors(make):
     head = make()
     with pytest.raises(NotFittedError, match="not fitted"):
         head.predict(X)
-    head.fit(X, y)
+    head.partial_fit(X, y)
     with pytest.raises(ValueError, match="dimension 3, expected 6"):
         head.predict(torch.zeros(2, 3))
     with pytest.raises(ValueError, match="NaN or inf"):
@@ -521,7 +521,7 @@ def test_bad_inputs_are_refused_with_clear_errors(make):
                                   lambda **kw: FeCAM(**kw)])
 def test_float32_prediction_is_close_to_float64(make):
     X, y = blobs(d=6)
-    a, b = make(dtype=torch.float32).fit(X, y), make().fit(X, y)
+    a, b = make(dtype=torch.float32).partial_fit(X, y), make().partial_fit(X, y)
     assert a.decision_function(X).dtype == torch.float32
     assert torch.allclose(a.predict_proba(X).double(), b.predict_proba(X), atol=1e-4)
 
@@ -568,9 +568,11 @@ def test_fecam_rebuilds_only_the_classes_that_changed(monkeypatch):
 
 
 class TestFeCAMHeadContract(HeadContract):
-    """FeCAM through the contract every GaussianHead passes (built from ClassGaussians)."""
+    """FeCAM through the contract every GaussianHead passes (built from ClassGaussians); its
+    state is its statistics, from which it rebuilds its rows."""
 
     exact_scores = True
+    state_is_nested = True
 
     def make_head(self, **kw):
         return FeCAM(alpha1=0.5, alpha2=0.1, **kw)

@@ -320,7 +320,7 @@ def test_loading_an_invalid_pooled_scatter_is_refused(tmp_path, edit, message):
 
 def test_fecam_load_validates_its_statistics(tmp_path):
     _, X, y = small_stats()
-    head = FeCAM().fit(X, y)
+    head = FeCAM().partial_fit(X, y)
     path = tmp_path / "fecam.safetensors"
     head.save(path)
     tensors, meta = load_tensors(path)

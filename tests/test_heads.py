@@ -1,143 +1,23 @@
 """Every head against a dense reference: the Gaussian log-posterior computed with solve/logdet.
 
-``HeadContract`` is the shared mixin: a head class names its dense reference and inherits every
-check (scores, argmax, probabilities, batching, dtype, errors).
+Each head passes the public contract, :class:`gdacil.testing.HeadContract`: a test class names
+its head and dense reference and inherits every check (scores, argmax, probabilities, batching,
+dtype, errors, state, parameters, statistics left unchanged, refits, top-k).
 """
 
-import math
 import warnings
+from typing import ClassVar
 
 import numpy as np
 import pytest
 import torch
 
 from gdacil import ClassGaussians
-from gdacil.heads import HEADS, LDA, LRRGDA, NCM, QDA, RGDA, NotFittedError, SGDHead, build_head
+from gdacil.heads import HEADS, LDA, LRRGDA, NCM, QDA, RGDA, SGDHead, build_head
 from gdacil.linalg import NumericalWarning, top_eigh
+from gdacil.testing import HeadContract, gaussian_scores, make_stats, queries, uniform_log_priors
 
 from _assets import needs_minilm, needs_wordnet
-
-
-def make_stats(seed=0, d=10, n_classes=6, few_shot=(0,), ddof=0):
-    """Anisotropic classes; the ``few_shot`` ones have fewer samples than dimensions."""
-    g = torch.Generator().manual_seed(seed)
-    X, y = [], []
-    for c in range(n_classes):
-        n = d // 2 if c in few_shot else 5 * d
-        mix = torch.randn(d, d, generator=g, dtype=torch.float64) * (0.2 + 0.15 * c)
-        X.append(torch.randn(n, d, generator=g, dtype=torch.float64) @ mix
-                 + 1.5 * torch.randn(d, generator=g, dtype=torch.float64))
-        y.append(torch.full((n,), 10 * c + 3))  # labels need not be 0..C-1
-    X, y = torch.cat(X), torch.cat(y)
-    return ClassGaussians(d, ddof=ddof).update(X, y), X, y
-
-
-def queries(d, n=40, seed=1):
-    return 2.0 * torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-
-
-def gaussian_scores(X, means, covs, log_priors):
-    """Dense reference: log N(x; mu_c, Sigma_c) + log pi_c, up to the shared -d/2 log 2 pi."""
-    out = []
-    for mu, S, lp in zip(means, covs, log_priors):
-        dx = X - mu
-        out.append(-0.5 * (dx * torch.linalg.solve(S, dx.T).T).sum(1) - 0.5 * torch.logdet(S) + lp)
-    return torch.stack(out, 1)
-
-
-def uniform(stats):
-    return torch.full((stats.n_classes,), -math.log(stats.n_classes), dtype=torch.float64)
-
-
-def centred(scores):
-    """Remove any per-sample constant."""
-    return scores - scores.mean(1, keepdim=True)
-
-
-class HeadContract:
-    """Checks every head must pass; subclasses give ``make_head`` and ``reference``."""
-
-    exact_scores = False  # True when decision_function equals the reference (not just up to a constant)
-    tol = 1e-9
-
-    def make_head(self, **kw):
-        raise AssertionError("subclass must define make_head")
-
-    def reference(self, stats, X):
-        raise AssertionError("subclass must define reference")
-
-    def test_scores_match_dense_reference(self):
-        stats, _, _ = make_stats()
-        X = queries(stats.dim)
-        got = self.make_head().fit(stats).decision_function(X)
-        ref = self.reference(stats, X)
-        scale = ref.abs().max()
-        assert (centred(got) - centred(ref)).abs().max() <= self.tol * scale
-        if self.exact_scores:
-            assert (got - ref).abs().max() <= self.tol * scale
-
-    def test_predict_and_proba_follow_the_reference(self):
-        stats, _, _ = make_stats()
-        X = queries(stats.dim)
-        head = self.make_head().fit(stats)
-        ref = self.reference(stats, X)
-        assert torch.equal(head.predict(X), head.classes_[ref.argmax(1)])
-        assert torch.allclose(head.predict_proba(X), torch.softmax(ref, 1), atol=1e-9)
-        assert torch.allclose(head.predict_proba(X).sum(1), torch.ones(len(X), dtype=torch.float64))
-        assert head.classes_.tolist() == stats.classes
-
-    def test_class_batching_does_not_change_scores(self):
-        stats, _, _ = make_stats()
-        X = queries(stats.dim)
-        a = self.make_head(class_batch_size=1).fit(stats).decision_function(X)
-        b = self.make_head(class_batch_size=1000).fit(stats).decision_function(X)
-        assert torch.allclose(a, b, rtol=1e-12, atol=1e-10)
-
-    def test_float32_inference_is_close(self):
-        stats, _, _ = make_stats()
-        X = queries(stats.dim)
-        a = self.make_head(dtype=torch.float32).fit(stats)
-        b = self.make_head().fit(stats)
-        assert a.decision_function(X).dtype == torch.float32
-        assert torch.allclose(a.predict_proba(X).double(), b.predict_proba(X), atol=1e-3)
-
-    def test_scores_are_finite_even_with_degenerate_statistics(self):
-        # one class is a single sample (zero covariance), another has n < d
-        stats, _, _ = make_stats(few_shot=(1,))
-        stats.update(torch.ones(1, stats.dim), [999])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", NumericalWarning)
-            head = self.make_head().fit(stats)
-        assert torch.isfinite(head.decision_function(queries(stats.dim))).all()
-
-    def test_bad_input_errors(self):
-        stats, _, _ = make_stats()
-        head = self.make_head()
-        with pytest.raises(NotFittedError, match="not fitted"):
-            head.predict(queries(stats.dim))
-        head.fit(stats)
-        with pytest.raises(ValueError, match="dimension 3, expected"):
-            head.predict(torch.zeros(2, 3))
-        with pytest.raises(ValueError, match="NaN or inf"):
-            head.decision_function(torch.full((2, stats.dim), float("nan")))
-        with pytest.raises(ValueError, match="empty batch"):
-            head.predict(torch.zeros(0, stats.dim))
-        with pytest.raises(ValueError, match="no classes"):
-            self.make_head().fit(ClassGaussians(stats.dim))
-
-    def test_memory_report(self):
-        stats, _, _ = make_stats()
-        report = self.make_head().fit(stats).memory_report()
-        assert report["total"] >= report["rows"] > 0
-
-    def test_priors_shift_scores_by_log_prior(self):
-        stats, _, _ = make_stats()
-        X = queries(stats.dim)
-        p = np.arange(1, stats.n_classes + 1, dtype=float)
-        a = self.make_head(priors=p).fit(stats).decision_function(X)
-        b = self.make_head().fit(stats).decision_function(X)
-        shift = torch.as_tensor(np.log(p / p.sum()) + math.log(stats.n_classes))
-        assert torch.allclose(a - b, shift.expand_as(a), atol=1e-9)
 
 
 class TestNCM(HeadContract):
@@ -149,7 +29,7 @@ class TestNCM(HeadContract):
     def reference(self, stats, X):
         d = stats.dim
         eye = torch.eye(d, dtype=torch.float64).expand(stats.n_classes, d, d)
-        return gaussian_scores(X, stats.means, eye, uniform(stats))
+        return gaussian_scores(X, stats.means, eye, uniform_log_priors(stats))
 
 
 class TestCosineNCM(HeadContract):
@@ -160,7 +40,7 @@ class TestCosineNCM(HeadContract):
 
     def reference(self, stats, X):
         cos = torch.nn.functional.cosine_similarity(X[:, None, :], stats.means[None], dim=2)
-        return cos + uniform(stats)
+        return cos + uniform_log_priors(stats)
 
 
 def mean_variance(stats):
@@ -185,7 +65,8 @@ class TestLDA(HeadContract):
     def reference(self, stats, X):
         avg = stats.average_covariance()
         shared = 0.9 * avg + 0.1 * self.unit(stats) * torch.eye(stats.dim, dtype=torch.float64)
-        return gaussian_scores(X, stats.means, shared.expand(stats.n_classes, -1, -1), uniform(stats))
+        return gaussian_scores(X, stats.means, shared.expand(stats.n_classes, -1, -1),
+                               uniform_log_priors(stats))
 
 
 class TestPaperLDA(TestLDA):
@@ -208,7 +89,7 @@ class TestRGDA(HeadContract):
         eye = torch.eye(stats.dim, dtype=torch.float64)
         covs = (a1 * stats.covariances() + a2 * stats.average_covariance()
                 + a3 * self.unit(stats) * eye)
-        return gaussian_scores(X, stats.means, covs, uniform(stats))
+        return gaussian_scores(X, stats.means, covs, uniform_log_priors(stats))
 
 
 class TestTraceRGDA(TestRGDA):
@@ -229,6 +110,7 @@ class TestPaperRGDA(TestRGDA):
 
 class TestLRRGDA(HeadContract):
     rank = 3
+    top_k_options: ClassVar = {"pruned": True, "screen_rank": 1}  # pruned search, few classes
     unit = staticmethod(per_sample_variance)
     alphas = (0.1, 2.0, 0.6)
 
@@ -241,7 +123,7 @@ class TestLRRGDA(HeadContract):
         eye = torch.eye(stats.dim, dtype=torch.float64)
         a1, a2, a3 = self.alphas
         covs = a1 * truncated + a2 * stats.average_covariance() + a3 * self.unit(stats) * eye
-        return gaussian_scores(X, stats.means, covs, uniform(stats))
+        return gaussian_scores(X, stats.means, covs, uniform_log_priors(stats))
 
 
 class TestPaperLRRGDA(TestLRRGDA):
@@ -260,7 +142,22 @@ class TestQDA(HeadContract):
 
     def reference(self, stats, X):
         eye = torch.eye(stats.dim, dtype=torch.float64)
-        return gaussian_scores(X, stats.means, 0.95 * stats.covariances() + 0.05 * eye, uniform(stats))
+        return gaussian_scores(X, stats.means, 0.95 * stats.covariances() + 0.05 * eye,
+                               uniform_log_priors(stats))
+
+
+class TestSGD(HeadContract):
+    """The SGD head has no closed form: its reference is the linear model it trained (seeded, so
+    every fit trains the same one), scored densely. The other checks are what matter here."""
+
+    exact_scores = True
+
+    def make_head(self, **kw):
+        return SGDHead(samples_per_class=32, base_steps=50, steps_per_class=0, batch_size=32, **kw)
+
+    def reference(self, stats, X):
+        head = self.make_head().fit(stats)
+        return X @ head.rows_[:, 0].T + head.bias_[:, 0]
 
 
 # ------------------------------------------------------------------ cross-head identities

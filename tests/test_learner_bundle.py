@@ -95,14 +95,15 @@ def test_a_loaded_model_learns_and_forgets_exactly_as_if_never_saved(tmp_path):
 
 
 @needs_transformers
-def test_a_head_without_stored_state_is_refitted_on_load(tmp_path):
-    learner = tiny_learner(head="fecam")  # FeCAM's fitted state is its statistics object
+def test_a_head_whose_state_is_its_statistics_loads_without_reading_them(tmp_path):
+    learner = tiny_learner(head="fecam")  # FeCAM's fitted state is its statistics
     learner.learn(*colour_set(NAMES[:3], 6))
     test = colour_set(NAMES[:3], 2, seed=4)[0]
     learner.save(tmp_path / "model")
-    assert not (tmp_path / "model" / "versions" / "v1" / "head.safetensors").exists()
-    assert Learner.load(tmp_path / "model").predict(test, top_k=3) == learner.predict(test,
-                                                                                       top_k=3)
+    assert (tmp_path / "model" / "versions" / "v1" / "head.safetensors").exists()
+    loaded = Learner.load(tmp_path / "model")
+    assert loaded.predict(test, top_k=3) == learner.predict(test, top_k=3)
+    assert loaded._lazy is not None  # predicting read no statistics
 
 
 # ---------------------------------------------------------------------- integrity

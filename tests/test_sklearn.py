@@ -21,6 +21,8 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
+import gdacil.sklearn
+from gdacil._params import parameter_names
 from gdacil.sklearn import (
     LDAClassifier,
     LRRGDAClassifier,
@@ -275,6 +277,26 @@ def test_parameters_mirror_the_head(estimator):
     head = clone(estimator).fit(X, y).head_
     assert isinstance(head, type(estimator)._head_class) and head.dtype_ == torch.float64
     assert head.device_ == torch.device("cpu")
+
+
+ALL_ESTIMATORS = [getattr(gdacil.sklearn, name) for name in gdacil.sklearn.__all__]
+
+
+@pytest.mark.parametrize("cls", ALL_ESTIMATORS, ids=lambda cls: cls.__name__)
+def test_every_estimator_takes_its_heads_signature_and_documents_it(cls):
+    head_signature = inspect.signature(cls._head_class.__init__)
+    assert inspect.signature(cls.__init__) == head_signature  # names, kinds and defaults
+    first = next(p for p in head_signature.parameters.values() if p.name != "self")
+    positional = cls("sentinel")  # positional parameters stay positional; all are stored
+    assert positional.get_params()[first.name] == "sentinel"
+    assert all(value is head_signature.parameters[name].default
+               for name, value in cls().get_params().items())
+    with pytest.raises(TypeError, match=rf"^{cls.__name__}\(\) got an unexpected keyword"):
+        cls(no_such_parameter=1)
+    section = cls.__doc__.split("Parameters\n    ----------\n")[1].split("\n\n")[0]
+    documented = {name for line in section.splitlines() if not line.startswith(" " * 8)
+                  for name in line.split(":")[0].strip().split(", ")}
+    assert set(parameter_names(cls)) <= documented, f"{cls.__name__}: undocumented parameters"
 
 
 def test_float32_head():

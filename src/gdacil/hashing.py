@@ -31,16 +31,18 @@ __all__ = [
 ]
 
 
-def canonical_json(obj) -> str:
-    """JSON text with sorted keys and no whitespace: equal values give equal text."""
+def canonical_json(obj, *, allow_nan: bool = False) -> str:
+    """JSON text with sorted keys and no whitespace: equal values give equal text. NaN and
+    infinities raise a ``ValueError`` unless ``allow_nan`` (then written as JSON's extension
+    ``NaN``/``Infinity``)."""
     return json.dumps(
-        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=allow_nan
     )
 
 
-def sha256_json(obj) -> str:
+def sha256_json(obj, *, allow_nan: bool = False) -> str:
     """Hex sha256 of :func:`canonical_json` of ``obj``."""
-    return hashlib.sha256(canonical_json(obj).encode("ascii")).hexdigest()
+    return hashlib.sha256(canonical_json(obj, allow_nan=allow_nan).encode("ascii")).hexdigest()
 
 
 def sha256_strings(items: Iterable[str]) -> str:

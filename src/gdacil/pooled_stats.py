@@ -26,6 +26,7 @@ from typing import ClassVar
 
 import torch
 
+from ._class_index import ClassIndex
 from ._validation import (
     SYMMETRY_RTOL,
     all_finite,
@@ -40,8 +41,11 @@ from .linalg import symmetrize
 __all__ = ["PooledGaussians"]
 
 
-class PooledGaussians:
+class PooledGaussians(ClassIndex):
     """Streaming, mergeable class counts and means and one pooled within-class scatter (float64).
+
+    The class views (``classes``, ``n_classes``, ``len``, ``in``, ``counts``, ``means``,
+    ``positions``) are those of :class:`~gdacil.ClassStatistics`.
 
     Parameters
     ----------
@@ -80,28 +84,6 @@ class PooledGaussians:
 
     # ------------------------------------------------------------------ views
     @property
-    def classes(self) -> list[int]:
-        """Class labels in storage order (the order of ``counts``, ``means`` and ``cross``)."""
-        return list(self._labels)
-
-    @property
-    def n_classes(self) -> int:
-        return len(self._labels)
-
-    def __contains__(self, label) -> bool:
-        return int(label) in self._index
-
-    @property
-    def counts(self) -> torch.Tensor:
-        """Sample counts ``(C,)``, float64."""
-        return self._counts[: self.n_classes]
-
-    @property
-    def means(self) -> torch.Tensor:
-        """Class means ``(C, M)``, float64."""
-        return self._means[: self.n_classes]
-
-    @property
     def n_samples(self) -> int:
         """Total number of samples ``N``."""
         return round(float(self.counts.sum())) if self.n_classes else 0
@@ -110,14 +92,6 @@ class PooledGaussians:
     def scatter(self) -> torch.Tensor:
         """The pooled within-class scatter ``S_w`` ``(M, M)``, symmetrised (a new tensor)."""
         return symmetrize(self._scatter)
-
-    def positions(self, labels) -> torch.Tensor:
-        """Storage positions of ``labels``; ``KeyError`` names any unknown class."""
-        try:
-            return torch.tensor([self._index[int(c)] for c in labels], dtype=torch.long)
-        except KeyError as err:
-            raise KeyError(f"unknown class {err.args[0]!r}; known classes: {self._labels[:20]}"
-                           f"{' ...' if self.n_classes > 20 else ''}") from None
 
     def gram(self) -> torch.Tensor:
         """``G = S_w + sum_c n_c mu_c mu_c^T = sum_i x_i x_i^T`` ``(M, M)``."""

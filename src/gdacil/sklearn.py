@@ -7,9 +7,10 @@ scikit-learn estimator API: numpy in, numpy out, any label type, ``get_params``/
 :class:`FeCAMClassifier` (:class:`~gdacil.heads.FeCAM`), :class:`RanPACClassifier`,
 :class:`ACILClassifier` and :class:`RBFLDAClassifier` (the mapped heads
 :class:`~gdacil.heads.RanPAC`, :class:`~gdacil.heads.ACIL`, :class:`~gdacil.heads.RBFLDA`; see
-"The anchor heads" below). Every estimator's parameters are its head's (same names and
-defaults). They all pass ``sklearn.utils.estimator_checks.check_estimator`` with no
-check skipped.
+"The anchor heads" below). Every estimator's parameters are its head's: its ``__init__`` is made
+from the head's signature (same names, order and defaults; a parameter is declared once, in the
+head) and stores each argument, as scikit-learn asks. They all pass
+``sklearn.utils.estimator_checks.check_estimator`` with no check skipped.
 
 Class-incremental learning
 --------------------------
@@ -87,8 +88,9 @@ Priors (every estimator but RanPAC and ACIL, which have none) default to uniform
 choice; scikit-learn's LDA/QDA default to the empirical frequencies: pass ``priors="empirical"``
 for that). An array of priors is in ``classes_`` order and must match the number of classes; a
 mapping is keyed by the original labels and may name classes that ``partial_fit`` has yet to see
-(only the priors of the classes seen so far are used, renormalised). Priors (all the array's, or all the mapping's entries) that do not sum to 1 are
-renormalised with a ``UserWarning``, as scikit-learn does.
+(only the priors of the classes seen so far are used, renormalised). Priors (all the array's, or
+all the mapping's entries) that do not sum to 1 are renormalised with a ``UserWarning``, as
+scikit-learn does.
 
 Numerics and scale
 ------------------
@@ -100,9 +102,10 @@ covariances use ``1/n`` (as scikit-learn >= 1.8's QDA does). The identity terms 
 LR-RGDA (``alpha3``) are measured in units of ``tr(Sigma_avg) / (N - C)``, the mean
 per-dimension within-class variance times ``d / (N - C)`` for ``N`` samples of ``C`` classes,
 and LDA's shrinkage target in units of ``tr(Sigma_avg) / d``, so predictions are the same
-whatever the units of the features (raw, LayerNorm or L2-normalised embeddings). ``identity_scale="absolute"`` (RGDA,
-LR-RGDA) and ``shrinkage_target="identity"`` (LDA) give the paper's absolute forms, which assume
-features of scale about 1. QDA's ``reg_param`` is absolute, as in scikit-learn.
+whatever the units of the features (raw, LayerNorm or L2-normalised embeddings).
+``identity_scale="absolute"`` (RGDA, LR-RGDA) and ``shrinkage_target="identity"`` (LDA) give the
+paper's absolute forms, which assume features of scale about 1. QDA's ``reg_param`` is absolute,
+as in scikit-learn.
 
 A class with a single sample has a zero covariance. RGDA and LR-RGDA regularise it (with
 ``alpha2 Sigma_avg + alpha3 I``), as do LDA (through the shared, shrunk covariance) and NCM (which
@@ -139,7 +142,7 @@ both pass when those are present. See ``docs/sklearn.md``.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -150,13 +153,11 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._deprecation import renamed_parameters
+from ._params import parameter_names
 from ._validation import as_dtype
 from .heads import ACIL, LDA, LRRGDA, NCM, QDA, RBFLDA, RGDA, FeCAM, RanPAC
 from .heads.base import warn_unless_normalised
-from .heads.mapped import DEFAULT_MAX_BYTES
-from .heads.rgda import DEFAULT_ALPHAS
 from .heads.ridge import RidgeHead
-from .heads.ridge_lambda import DEFAULT_LAMBDA_GRID
 from .stats import ClassGaussians
 
 __all__ = [
@@ -226,12 +227,41 @@ _MAPPED_STATE = """\
         batch; one object for the estimator's whole life between two ``fit`` calls."""
 
 
-def _fill_docstring(cls):
-    names = list(inspect.signature(cls.__init__).parameters)[1:]
+def _init_like(head_class: type[Any], owner: str) -> Callable[..., None]:
+    """An estimator's ``__init__``: ``head_class``'s signature, storing every argument under its
+    own name (what ``get_params``, ``clone`` and ``check_estimator`` ask of an ``__init__``).
+
+    The head's deprecated aliases (``random_state`` for ``seed``) are accepted as the head
+    accepts them, with a ``FutureWarning`` naming ``owner``.
+    """
+    signature = inspect.signature(head_class.__init__)
+    names = parameter_names(head_class)
+
+    def __init__(self, *args, **kwargs):
+        try:
+            arguments = signature.bind(self, *args, **kwargs).arguments
+        except TypeError as err:
+            raise TypeError(f"{owner}() {err}") from None
+        for name in names:
+            setattr(self, name, arguments.get(name, signature.parameters[name].default))
+
+    __init__.__qualname__ = f"{owner}.__init__"
+    __init__.__signature__ = signature  # type: ignore[attr-defined]  # what get_params reads
+    # inspect.getsource (and so Sphinx's autodoc_preserve_defaults) shows the head's definition
+    __init__.__wrapped__ = head_class.__init__  # type: ignore[attr-defined]
+    __init__.__doc__ = f"Store the parameters (:class:`~gdacil.heads.{head_class.__name__}`'s)."
+    renames = getattr(head_class.__init__, "__renamed_parameters__", {})
+    return renamed_parameters(**renames)(__init__) if renames else __init__
+
+
+def _fill_docstring(cls) -> None:
+    """Complete an estimator's docstring: the documentation of the shared parameters it takes
+    (at ``{shared_parameters}``) and its Attributes section (before Examples)."""
+    names = parameter_names(cls)
     shared = "\n".join(_PARAMETER_DOCS[name] for name in names if name in _PARAMETER_DOCS)
+    attributes = f"    Attributes\n    ----------\n{_SHARED_ATTRIBUTES}\n{cls._STATE_DOC}\n\n"
     cls.__doc__ = (cls.__doc__.replace("    {shared_parameters}", shared)
-                   .replace("    {shared_attributes}", f"{_SHARED_ATTRIBUTES}\n{cls._STATE_DOC}"))
-    return cls
+                   .replace("    Examples\n", f"{attributes}    Examples\n", 1))
 
 
 def _as_tensor(X: np.ndarray) -> torch.Tensor:
@@ -263,9 +293,7 @@ def _restore_on_error(head, params: dict):
     saved = {name: list(value) if isinstance(value, list) else value
              for name, value in vars(head).items()}
     try:
-        for name, value in params.items():
-            setattr(head, name, value)
-        yield head
+        yield head.set_params(**params)
     except BaseException:
         vars(head).clear()
         vars(head).update(saved)
@@ -299,7 +327,8 @@ def _update_and_rebuild(stats: ClassGaussians, head, params: dict, X: torch.Tens
     with _restore_on_error(head, params), stats.rollback_on_error(torch.unique(y_ids).tolist()):
         stats.update(X, y_ids)
         head.fit(stats)
-        head._check_fitted()  # heads that build lazily (FeCAM) build here: failures surface now
+        if isinstance(head, FeCAM):  # it builds lazily: build now, so failures surface here
+            head.build()
 
 
 def _update_and_solve(head, params: dict, X: torch.Tensor, y_ids: torch.Tensor) -> None:
@@ -315,9 +344,11 @@ def _update_and_solve(head, params: dict, X: torch.Tensor, y_ids: torch.Tensor) 
 class _GaussianClassifier(ClassifierMixin, BaseEstimator):
     """Shared machinery: label encoding, statistics, head (re)building, outputs.
 
-    Subclasses name the head (``_head_class``; the estimator's parameters are the head's) and may
-    override ``_apply_batch`` (how a batch reaches the statistics and the head), ``_new_stats``,
-    ``_check_class_counts`` and ``_fixed_params`` (parameters the statistics depend on).
+    A concrete subclass names its head (``_head_class``) and gets its ``__init__`` from it: the
+    head's signature, every argument stored (:func:`_init_like`), so a parameter is declared
+    once, in the head. It may override ``_apply_batch`` (how a batch reaches the statistics and
+    the head), ``_new_stats``, ``_check_class_counts`` and ``_fixed_params`` (parameters the
+    statistics depend on).
     """
 
     _head_class: type[Any] = None  # type: ignore[assignment]  # every concrete subclass sets it
@@ -326,11 +357,12 @@ class _GaussianClassifier(ClassifierMixin, BaseEstimator):
     _STATE_DOC = _GAUSSIAN_STATE
     stats_: ClassGaussians  # fitted (set by the first batch)
 
-    def __init__(self, *, priors=None, device=None, dtype="float64", class_batch_size="auto"):
-        self.priors = priors
-        self.device = device
-        self.dtype = dtype
-        self.class_batch_size = class_batch_size
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "_head_class" in vars(cls):  # a concrete estimator: the head's parameters
+            init = _init_like(cls._head_class, cls.__qualname__)
+            cls.__init__ = init  # type: ignore[method-assign]
+            _fill_docstring(cls)
 
     # ---------------------------------------------------------------- fitting
     def fit(self, X, y):
@@ -460,8 +492,7 @@ class _GaussianClassifier(ClassifierMixin, BaseEstimator):
         return False
 
     def _head_kwargs(self, labels: np.ndarray, class_ids: np.ndarray) -> dict:
-        names = list(inspect.signature(self._head_class.__init__).parameters)[1:]
-        kwargs = {name: getattr(self, name) for name in names}
+        kwargs = {name: getattr(self, name) for name in parameter_names(self._head_class)}
         # LRRGDA computes with its dtype itself: every head gets the torch.dtype
         kwargs["dtype"] = as_dtype(self.dtype)
         if "priors" in kwargs:
@@ -486,7 +517,8 @@ class _GaussianClassifier(ClassifierMixin, BaseEstimator):
                                  "classes, give priors as a mapping label -> prior")
         if not np.isfinite(values).all() or (values <= 0).any():
             raise ValueError(f"priors must be positive and finite; got {values[:10].tolist()}")
-        warn_unless_normalised(sum(priors.values()) if isinstance(priors, Mapping) else values.sum())
+        warn_unless_normalised(sum(priors.values()) if isinstance(priors, Mapping)
+                               else values.sum())
         # normalised over the classes seen so far: the head has nothing left to warn about
         return dict(zip(class_ids.tolist(), (values / values.sum()).tolist()))
 
@@ -547,7 +579,6 @@ class _GaussianClassifier(ClassifierMixin, BaseEstimator):
         return tags
 
 
-@_fill_docstring
 class NCMClassifier(_GaussianClassifier):
     """Nearest-class-mean classifier (:class:`gdacil.heads.NCM`).
 
@@ -557,10 +588,6 @@ class NCMClassifier(_GaussianClassifier):
         Euclidean scores are ``-1/2 ||x - mu_c||^2 + log pi_c``; cosine scores are
         ``cos(x, mu_c) + log pi_c``.
     {shared_parameters}
-
-    Attributes
-    ----------
-    {shared_attributes}
 
     Examples
     --------
@@ -573,14 +600,7 @@ class NCMClassifier(_GaussianClassifier):
 
     _head_class = NCM
 
-    def __init__(self, metric="euclidean", *, priors=None, device=None, dtype="float64",
-                 class_batch_size="auto"):
-        super().__init__(priors=priors, device=device, dtype=dtype,
-                         class_batch_size=class_batch_size)
-        self.metric = metric
 
-
-@_fill_docstring
 class LDAClassifier(_GaussianClassifier):
     """Linear discriminant analysis with a shrunk shared covariance (:class:`gdacil.heads.LDA`).
 
@@ -594,10 +614,6 @@ class LDAClassifier(_GaussianClassifier):
     shrinkage : float in [0, 1], default 0.1
     shrinkage_target : {"scaled_identity", "identity"}, default "scaled_identity"
     {shared_parameters}
-
-    Attributes
-    ----------
-    {shared_attributes}
 
     Examples
     --------
@@ -621,15 +637,7 @@ class LDAClassifier(_GaussianClassifier):
                              f"got {int(counts.sum())} samples of {labels.size} classes")
         super()._check_class_counts(labels, counts)
 
-    def __init__(self, shrinkage=0.1, *, shrinkage_target="scaled_identity", priors=None, device=None,
-                 dtype="float64", class_batch_size="auto"):
-        super().__init__(priors=priors, device=device, dtype=dtype,
-                         class_batch_size=class_batch_size)
-        self.shrinkage = shrinkage
-        self.shrinkage_target = shrinkage_target
 
-
-@_fill_docstring
 class QDAClassifier(_GaussianClassifier):
     """Quadratic discriminant analysis (:class:`gdacil.heads.QDA`).
 
@@ -641,10 +649,6 @@ class QDAClassifier(_GaussianClassifier):
     ----------
     reg_param : float in [0, 1], default 0.0
     {shared_parameters}
-
-    Attributes
-    ----------
-    {shared_attributes}
 
     Examples
     --------
@@ -662,17 +666,10 @@ class QDAClassifier(_GaussianClassifier):
 
     _head_class = QDA
 
-    def __init__(self, reg_param=0.0, *, priors=None, device=None, dtype="float64",
-                 class_batch_size="auto"):
-        super().__init__(priors=priors, device=device, dtype=dtype,
-                         class_batch_size=class_batch_size)
-        self.reg_param = reg_param
-
     def _needs_class_covariance(self) -> bool:
         return self.reg_param == 0
 
 
-@_fill_docstring
 class RGDAClassifier(_GaussianClassifier):
     """Regularised Gaussian discriminant analysis (:class:`gdacil.heads.RGDA`).
 
@@ -688,10 +685,6 @@ class RGDAClassifier(_GaussianClassifier):
     identity_scale : {"samples", "trace", "absolute"}, default "samples"
     {shared_parameters}
 
-    Attributes
-    ----------
-    {shared_attributes}
-
     Examples
     --------
     >>> import numpy as np
@@ -706,21 +699,10 @@ class RGDAClassifier(_GaussianClassifier):
 
     _head_class = RGDA
 
-    def __init__(self, alpha1=DEFAULT_ALPHAS[0], alpha2=DEFAULT_ALPHAS[1],
-                 alpha3=DEFAULT_ALPHAS[2], *, identity_scale="samples", priors=None, device=None, dtype="float64",
-                 class_batch_size="auto"):
-        super().__init__(priors=priors, device=device, dtype=dtype,
-                         class_batch_size=class_batch_size)
-        self.alpha1 = alpha1
-        self.alpha2 = alpha2
-        self.alpha3 = alpha3
-        self.identity_scale = identity_scale
-
     def _needs_class_covariance(self) -> bool:
         return self.alpha2 == 0 and self.alpha3 == 0
 
 
-@_fill_docstring
 class LRRGDAClassifier(_GaussianClassifier):
     """Low-rank regularised Gaussian discriminant analysis, the paper's LR-RGDA
     (:class:`gdacil.heads.LRRGDA`).
@@ -747,10 +729,6 @@ class LRRGDAClassifier(_GaussianClassifier):
         random choice takes this seed. The former name ``random_state`` is a deprecated alias.
     {shared_parameters}
 
-    Attributes
-    ----------
-    {shared_attributes}
-
     Examples
     --------
     >>> import numpy as np
@@ -772,25 +750,7 @@ class LRRGDAClassifier(_GaussianClassifier):
 
     _head_class = LRRGDA
 
-    @renamed_parameters(random_state="seed")
-    def __init__(self, rank=64, alpha1=DEFAULT_ALPHAS[0], alpha2=DEFAULT_ALPHAS[1],
-                 alpha3=DEFAULT_ALPHAS[2], *, identity_scale="samples", decomposition="eigh",
-                 oversample=16, n_iter=4, seed=0, priors=None, device=None, dtype="float64",
-                 class_batch_size="auto"):
-        super().__init__(priors=priors, device=device, dtype=dtype,
-                         class_batch_size=class_batch_size)
-        self.rank = rank
-        self.alpha1 = alpha1
-        self.alpha2 = alpha2
-        self.alpha3 = alpha3
-        self.identity_scale = identity_scale
-        self.decomposition = decomposition
-        self.oversample = oversample
-        self.n_iter = n_iter
-        self.seed = seed
 
-
-@_fill_docstring
 class FeCAMClassifier(_GaussianClassifier):
     """FeCAM's per-class Mahalanobis classifier (:class:`gdacil.heads.FeCAM`).
 
@@ -821,10 +781,6 @@ class FeCAMClassifier(_GaussianClassifier):
         Covariance normalisation ``1 / (n - ddof)`` (irrelevant when ``normalize``).
     {shared_parameters}
 
-    Attributes
-    ----------
-    {shared_attributes}
-
     Examples
     --------
     >>> import numpy as np
@@ -840,20 +796,6 @@ class FeCAMClassifier(_GaussianClassifier):
 
     _head_class = FeCAM
     _fixed_params = ("tukey", "l2", "ddof")
-
-    def __init__(self, alpha1=1.0, alpha2=0.0, *, tukey=None, normalize=True, l2=False,
-                 rcond=1e-10, ddof=1, priors=None, device=None, dtype="float64",
-                 class_batch_size="auto", max_bytes=DEFAULT_MAX_BYTES):
-        super().__init__(priors=priors, device=device, dtype=dtype,
-                         class_batch_size=class_batch_size)
-        self.alpha1 = alpha1
-        self.alpha2 = alpha2
-        self.tukey = tukey
-        self.normalize = normalize
-        self.l2 = l2
-        self.rcond = rcond
-        self.ddof = ddof
-        self.max_bytes = max_bytes
 
     def _apply_batch(self, X, y_ids, kwargs, *, reset):
         Z = self._head_class(**kwargs).transform(X)  # FeCAM's statistics: transformed features
@@ -878,7 +820,6 @@ class _MappedClassifier(_GaussianClassifier):
         return head.stats_, head
 
 
-@_fill_docstring
 class RanPACClassifier(_MappedClassifier):
     """RanPAC's analytic head (:class:`gdacil.heads.RanPAC`): a random ReLU projection of the
     features to ``dim_out`` dimensions, then ridge regression on one-hot targets.
@@ -904,10 +845,6 @@ class RanPACClassifier(_MappedClassifier):
     train_fraction : float in (0, 1), default 0.8
     {shared_parameters}
 
-    Attributes
-    ----------
-    {shared_attributes}
-
     Examples
     --------
     >>> import numpy as np
@@ -924,16 +861,6 @@ class RanPACClassifier(_MappedClassifier):
     _head_class = RanPAC
     _fixed_params = ("dim_out", "seed")
 
-    def __init__(self, dim_out=10_000, lam="auto", *, seed=0, lam_grid=DEFAULT_LAMBDA_GRID,
-                 train_fraction=0.8, dtype="float64", max_bytes=DEFAULT_MAX_BYTES):
-        self.dim_out = dim_out
-        self.lam = lam
-        self.seed = seed
-        self.lam_grid = lam_grid
-        self.train_fraction = train_fraction
-        self.dtype = dtype
-        self.max_bytes = max_bytes
-
     def _apply_batch(self, X, y_ids, kwargs, *, reset):
         if _same(self.lam, "auto") and X.shape[0] < 2:
             raise ValueError(f"{type(self).__name__}(lam='auto') chooses lam on a holdout split "
@@ -942,7 +869,6 @@ class RanPACClassifier(_MappedClassifier):
         return super()._apply_batch(X, y_ids, kwargs, reset=reset)
 
 
-@_fill_docstring
 class ACILClassifier(_MappedClassifier):
     """ACIL's analytic head (:class:`gdacil.heads.ACIL`): a uniform random ReLU buffer of
     ``buffer_size`` features, then ridge regression on one-hot targets with penalty ``gamma``.
@@ -962,10 +888,6 @@ class ACILClassifier(_MappedClassifier):
     seed : int, default 0
     {shared_parameters}
 
-    Attributes
-    ----------
-    {shared_attributes}
-
     Examples
     --------
     >>> import numpy as np
@@ -983,16 +905,7 @@ class ACILClassifier(_MappedClassifier):
     _head_class = ACIL
     _fixed_params = ("buffer_size", "seed")
 
-    def __init__(self, buffer_size=8192, gamma=0.1, *, seed=0, dtype="float64",
-                 max_bytes=DEFAULT_MAX_BYTES):
-        self.buffer_size = buffer_size
-        self.gamma = gamma
-        self.seed = seed
-        self.dtype = dtype
-        self.max_bytes = max_bytes
 
-
-@_fill_docstring
 class RBFLDAClassifier(_MappedClassifier):
     """LDA on random Fourier features (:class:`gdacil.heads.RBFLDA`; KLDA, RanDumb): an RBF
     kernel approximated by ``dim_out`` features, one OAS-shrunk pooled covariance.
@@ -1013,10 +926,6 @@ class RBFLDAClassifier(_MappedClassifier):
     seed : int, default 0
     {shared_parameters}
 
-    Attributes
-    ----------
-    {shared_attributes}
-
     Examples
     --------
     >>> import numpy as np
@@ -1031,13 +940,3 @@ class RBFLDAClassifier(_MappedClassifier):
 
     _head_class = RBFLDA
     _fixed_params = ("dim_out", "bandwidth", "seed")
-
-    def __init__(self, dim_out=5000, bandwidth="auto", shrinkage="oas", *, seed=0, priors=None,
-                 dtype="float64", max_bytes=DEFAULT_MAX_BYTES):
-        self.dim_out = dim_out
-        self.bandwidth = bandwidth
-        self.shrinkage = shrinkage
-        self.seed = seed
-        self.priors = priors
-        self.dtype = dtype
-        self.max_bytes = max_bytes

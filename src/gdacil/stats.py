@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from ._class_index import ClassIndex
 from ._deprecation import current_names
 from ._validation import (
     all_finite,
@@ -41,8 +42,8 @@ from ._validation import (
     check_positive_int,
     first_nonfinite,
 )
-from .io import load_tensors, save_tensors
 from .linalg import psd_factor, symmetrize
+from .state import State, load_state, save_state
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self from Python 3.11
@@ -56,7 +57,7 @@ def _next_revisions(k: int) -> list[int]:
     return [next(_revision_counter) for _ in range(k)]
 
 
-class ClassStatistics(abc.ABC):
+class ClassStatistics(ClassIndex, abc.ABC):
     """Per-class Gaussian statistics as heads and compensators consume them.
 
     Holds the bookkeeping every storage shares (class labels in storage order, positions,
@@ -124,31 +125,7 @@ class ClassStatistics(abc.ABC):
         self._means = torch.zeros(0, dim, dtype=torch.float64, device=self.device)
 
     # ------------------------------------------------------------------ views
-    @property
-    def classes(self) -> list[int]:
-        """Class labels in storage order (the order of every stacked tensor)."""
-        return list(self._labels)
-
-    @property
-    def n_classes(self) -> int:
-        return len(self._labels)
-
-    def __len__(self) -> int:
-        return len(self._labels)
-
-    def __contains__(self, label) -> bool:
-        return int(label) in self._index
-
-    @property
-    def counts(self) -> torch.Tensor:
-        """Sample counts, shape ``(C,)``, float64."""
-        return self._counts[: self.n_classes]
-
-    @property
-    def means(self) -> torch.Tensor:
-        """Class means, shape ``(C, d)``, float64."""
-        return self._means[: self.n_classes]
-
+    # classes, n_classes, len, in, counts, means, positions: ClassIndex's
     @property
     def capacity(self) -> int:
         """Classes the stacked tensors have room for (see :meth:`reserve`)."""
@@ -157,17 +134,6 @@ class ClassStatistics(abc.ABC):
     def revision(self, label: int) -> int:
         """A number that changes whenever the moments of ``label`` change (for caches)."""
         return self._revisions[self._position(label)]
-
-    def positions(self, labels: Iterable[int]) -> torch.Tensor:
-        """Storage positions of ``labels``; ``KeyError`` names any unknown class."""
-        return torch.tensor([self._position(c) for c in labels], dtype=torch.long)
-
-    def _position(self, label) -> int:
-        try:
-            return self._index[int(label)]
-        except KeyError:
-            raise KeyError(f"unknown class {label!r}; known classes: {self._labels[:20]}"
-                           f"{' ...' if self.n_classes > 20 else ''}") from None
 
     @abc.abstractmethod
     def covariances(self, labels: Sequence[int] | None = None) -> torch.Tensor:
@@ -488,13 +454,25 @@ class ClassStatistics(abc.ABC):
     def nbytes(self) -> int:
         return self.memory_report()["total"]
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the statistics to a safetensors file with JSON metadata (atomic; no pickle)."""
+    def state_dict(self) -> State:
+        """``(tensors, metadata)``: the labels and every stored tensor (no spare capacity), and
+        the format and configuration (:mod:`gdacil.state`)."""
         tensors = {"labels": torch.tensor(self._labels, dtype=torch.int64)}
         tensors.update({name.lstrip("_"): getattr(self, name)[: self.n_classes]
                         for name in self._per_class})
         tensors.update({name.lstrip("_"): getattr(self, name) for name in self._shared})
-        save_tensors(path, tensors, {"format": self._FORMAT, **self._config()})
+        return tensors, {"format": self._FORMAT, **self._config()}
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], metadata: dict, *,
+                        source: str = "statistics") -> Self:
+        """Replace these statistics by those of a state of the same storage; returns ``self``."""
+        loaded = type(self).from_state((tensors, metadata), source=source, device=self.device)
+        self.__dict__.update(loaded.__dict__)
+        return self
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the statistics to a safetensors file with JSON metadata (atomic; no pickle)."""
+        save_state(path, self.state_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, device: torch.device | str | None = None):
@@ -504,14 +482,21 @@ class ClassStatistics(abc.ABC):
         object of the class that wrote it; ``ClassGaussians.load`` and friends accept only their
         own format.
         """
-        tensors, meta = load_tensors(path)
+        return cls.from_state(load_state(path), source=str(path), device=device)
+
+    @classmethod
+    def from_state(cls, state: State, *, source: str = "statistics",
+                   device: torch.device | str | None = None):
+        """Statistics from a :meth:`state_dict` (of any storage for ``ClassStatistics``, of its
+        own for a subclass), validated by :meth:`from_tensors`."""
+        tensors, meta = state
         fmt: Any = meta.get("format")  # any JSON value in a file's metadata
         known = ClassStatistics._formats.get(fmt) if isinstance(fmt, str) else None
         target = known if cls is ClassStatistics else cls
         if target is None or fmt != target._FORMAT:
-            raise ValueError(f"{path}: not a {cls.__name__} file (format {fmt!r})")
+            raise ValueError(f"{source}: not a {cls.__name__} file (format {fmt!r})")
         return target.from_tensors(tensors, {k: v for k, v in meta.items() if k != "format"},
-                                   source=str(path), device=device)
+                                   source=source, device=device)
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor], config: dict[str, Any], *,
@@ -579,9 +564,9 @@ class ClassGaussians(ClassStatistics):
     dim : int
         Feature dimension ``d``.
     ddof : {0, 1}, default 0
-        Covariance normalisation ``1 / (n - ddof)``. 0 is the paper's maximum-likelihood
-        estimate; 1 is the unbiased estimate of the reference code. A class with ``n <= ddof``
-        has a zero covariance (heads regularise it; see their docs).
+        Covariance normalisation ``1 / (n - ddof)``. 0 is the LR-RGDA paper's
+        maximum-likelihood estimate; 1 is the unbiased estimate of the reference code. A class
+        with ``n <= ddof`` has a zero covariance (heads regularise it; see their docs).
     device : None, str or torch.device, default None
         Where the statistics live (None: the CPU).
 

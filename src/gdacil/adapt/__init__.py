@@ -1,5 +1,9 @@
 """Stage-1 backbone adaptation strategies, by name.
 
+"The paper" below is the LR-RGDA paper [LR-RGDA], whose strategies these are; they build on
+feature distillation [FeatKD], null-space projection [NSP] and LoRA [LoRA] (see
+docs/references.md).
+
 ==============  ================================================================================
 name            what (paper defaults)
 ==============  ================================================================================
@@ -16,7 +20,7 @@ name            what (paper defaults)
                 random ReLU projection on top is :class:`gdacil.backbones.RandomProjection`
 ==============  ================================================================================
 
-Every strategy uses the SCE loss (lambda1 = lambda2 = 0.5) on a temporary head over the task's
+Every strategy uses the SCE loss [SCE] (lambda1 = lambda2 = 0.5) on a temporary head over the task's
 classes, 10 % linear warmup then cosine to lr / 3, batch size 16, weight decay 3e-5.
 ``build_strategy(name, defaults="reference")`` applies the reference code's departures from the
 paper (:data:`REFERENCE_OVERRIDES`): AdamW with head lr 1e-3 for full fine-tuning, and 1000 steps
@@ -95,7 +99,7 @@ __all__ = [
 _FULL_FT = {"optimizer": "sgd", "lr": 5e-6, "head_lr": 5e-5, "momentum": 0.9}
 _LORA = {"optimizer": "adamw", "lr": 1e-4, "head_lr": 1e-3}
 
-#: The paper's strategies: ``StrategyConfig`` fields (nested configs as dicts).
+#: The LR-RGDA paper's strategies: ``StrategyConfig`` fields (nested configs as dicts).
 PRESETS: dict[str, dict] = {
     "frozen": {"params": "none"},
     "seqft": {"params": "mlp", "train": {**_FULL_FT, "steps": 1000}},
@@ -110,7 +114,7 @@ PRESETS: dict[str, dict] = {
 }
 
 _REF_FULL_FT = {"optimizer": "adamw", "head_lr": 1e-3}
-#: Where the reference code departs from the paper (applied by ``defaults="reference"``):
+#: Where the reference code departs from the LR-RGDA paper (applied by ``defaults="reference"``):
 #: AdamW (head lr 1e-3) instead of SGD for full fine-tuning, 1000 steps instead of 1500 for
 #: NSP-SeqFT and LoRA-SeqFT. (CUB-200 runs use 500 / 1000 steps there; set ``train.steps``.)
 REFERENCE_OVERRIDES: dict[str, dict] = {
@@ -159,7 +163,8 @@ def strategy_config(name: str, /, *, defaults: str = "paper", **overrides) -> St
     name : str
         A key of :data:`STRATEGIES` (unknown names raise ``ValueError`` listing the known ones).
     defaults : {"paper", "reference"}
-        The paper's hyperparameters, or the reference code's (:data:`REFERENCE_OVERRIDES`).
+        The LR-RGDA paper's hyperparameters, or the reference code's
+        (:data:`REFERENCE_OVERRIDES`).
     **overrides
         :class:`StrategyConfig` fields; nested configs (``train``, ``lora``, ``null_space``)
         as dicts update the preset's key by key, e.g. ``train={"steps": 300}``;

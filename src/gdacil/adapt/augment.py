@@ -1,7 +1,7 @@
 """Training-time image augmentation: random resized crop, horizontal flip and brightness jitter
 (PIL, no torchvision), every draw from an explicit ``torch.Generator``. The defaults are the
 reference code's training transform (``RandomResizedCrop``, ``RandomHorizontalFlip``,
-``ColorJitter(brightness=63/255)``); the paper does not describe one.
+``ColorJitter(brightness=63/255)``); the LR-RGDA paper does not describe one.
 
 The crop follows the usual ``RandomResizedCrop`` recipe: up to 10 tries of a box whose area is a
 uniform fraction ``scale`` of the image and whose aspect ratio is log-uniform in ``ratio``; if no

@@ -1,6 +1,6 @@
 """Configuration of a Stage-1 strategy: what trains, with which regularisers, and how.
 
-A strategy is composed of orthogonal parts, as in the paper:
+A strategy is composed of orthogonal parts, as in the LR-RGDA paper [LR-RGDA]:
 
 * ``params``: what the task trains: ``"none"`` (frozen backbone), ``"mlp"`` (the MLP weight
   matrices of every block: SeqFT) or ``"lora"`` (a fresh LoRA adapter per task, merged after it);
@@ -9,7 +9,7 @@ A strategy is composed of orthogonal parts, as in the paper:
 * ``first_task_only``: adapt on the first task, then freeze (RandProj's first-session adaptation);
 * ``train``: optimiser, schedule, steps, batch size, task loss and augmentation.
 
-The named presets (``gdacil.adapt.STRATEGIES``) fill these in with the paper's values.
+The named presets (``gdacil.adapt.STRATEGIES``) fill these in with that paper's values.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _augment(value: Any, path: str) -> AugmentConfig | None:
 
 @dataclass(frozen=True)
 class TrainConfig(TypedConfig):
-    """How one task is trained. Defaults: the paper's full fine-tuning recipe (SeqFT).
+    """How one task is trained. Defaults: the LR-RGDA paper's full fine-tuning recipe (SeqFT).
 
     Every task trains the backbone jointly with a temporary bias-free linear head over the
     task's classes (initialised uniformly in +-1/sqrt(dim) from the task's generator, discarded
@@ -54,7 +54,7 @@ class TrainConfig(TypedConfig):
         Optimiser steps per task (paper: 1000 for SeqFT, 1500 with distillation, NSP or LoRA;
         reference code: 1000 for NSP-SeqFT and LoRA-SeqFT too). 0 trains nothing.
     batch_size : int
-        Minibatch size (reference code: 16; the paper does not say).
+        Minibatch size (reference code: 16; the LR-RGDA paper does not say).
     optimizer : {"sgd", "adamw"}
         Paper: SGD with momentum 0.9 for full fine-tuning, AdamW for LoRA. Reference code:
         AdamW for everything.
@@ -66,8 +66,8 @@ class TrainConfig(TypedConfig):
     momentum : float
         SGD momentum (paper 0.9).
     weight_decay : float
-        Reference code: 3e-5 (the paper does not say). With SGD it is an L2 term added to the
-        gradients before the null-space projection; with AdamW it is decoupled.
+        Reference code: 3e-5 (the LR-RGDA paper does not say). With SGD it is an L2 term added
+        to the gradients before the null-space projection; with AdamW it is decoupled.
     warmup_ratio : float
         Fraction of the steps with linear warmup (10 %).
     final_lr_ratio : float
@@ -78,7 +78,7 @@ class TrainConfig(TypedConfig):
         SCE weights of CE and reverse CE (0.5, 0.5).
     augment : AugmentConfig or None
         Random resized crop, flip and brightness jitter for image backbones (the reference
-        code's training transform; the paper does not describe one). None (the default, and
+        code's training transform; the LR-RGDA paper does not describe one). None (the default, and
         required for text) feeds the evaluation preprocessing. ``True``/``False`` are accepted
         for the default augmentation / none.
     """

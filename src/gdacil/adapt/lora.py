@@ -3,9 +3,9 @@ after the task.
 
 ``W' = W + scale * B A`` with ``A`` (r x in) Kaiming-uniform (a = sqrt(5)) and ``B`` (out x r)
 zero at the start of a task, which is PEFT's default initialisation (``init_lora_weights=True``)
-and the paper's. The paper and the reference code use r = 4 and scale 1 (PEFT
-``lora_alpha = r``) on the QKV projections and both MLP linears of every block, none on the
-attention output projection.
+and the LR-RGDA paper's [LR-RGDA] (LoRA itself: [LoRA]). That paper and the reference code use
+r = 4 and scale 1 (PEFT ``lora_alpha = r``) on the QKV projections and both MLP linears of every
+block, none on the attention output projection.
 
 The reference code adapts timm's fused ``qkv`` (one rank-4 adapter for q, k and v together);
 ``transformers`` models have separate q, k, v projections, each of which gets its own rank-r

@@ -25,7 +25,7 @@ def symmetric_cross_entropy(
         loss = lambda1 * CE + lambda2 * RCE,   CE = -sum_k y_k log p_k,   RCE = -sum_k p_k log y_k
 
     ``RCE = -log(label_min) * (1 - p_y)`` (9.21 * (1 - p_y) at the defaults) is bounded, which
-    is what makes SCE robust. Defaults are the paper's and the reference code's
+    is what makes SCE [SCE] robust. Defaults are the LR-RGDA paper's and the reference code's
     (lambda1 = lambda2 = 0.5).
 
     Parameters
@@ -50,7 +50,8 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, **_) -> torch.Ten
 
 def feature_distillation(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
     """Feature distillation: mean of ``(student - teacher)**2`` over batch and dimensions (the
-    reference code's ``feat`` KD on the final feature, after the backbone's final norm)."""
+    reference code's ``feat`` KD on the final feature, after the backbone's final norm; the
+    LR-RGDA paper cites [FeatKD] for it)."""
     return F.mse_loss(student, teacher.detach())
 
 

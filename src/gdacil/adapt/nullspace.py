@@ -12,10 +12,11 @@ and during later tasks replace the gradient ``G`` of ``W`` by ``G P`` with the s
 
 ``V`` the eigenvectors of ``S_acc + eigen_jitter * I`` of smallest eigenvalue that together
 carry less than a fraction ``eps`` of the energy (sum of eigenvalues): the approximate null space
-of the earlier inputs. Paper and reference: ``eps = 0.05``, ``soft = 0.02``.
+of the earlier inputs (Adam-NSCL [NSP], as the LR-RGDA paper [LR-RGDA] cites it for NSP-SeqFT).
+Paper and reference: ``eps = 0.05``, ``soft = 0.02``.
 
-With SGD (the paper's optimiser for full fine-tuning) every update is a combination of projected
-gradients, so with ``soft = 0`` the change of ``W`` is exactly orthogonal to the protected
+With SGD (the LR-RGDA paper's optimiser for full fine-tuning) every update is a combination of
+projected gradients, so with ``soft = 0`` the change of ``W`` is exactly orthogonal to the protected
 high-energy directions and the outputs on earlier inputs' principal subspace are unchanged; with
 ``soft > 0`` a fraction ``soft`` of the gradient in those directions leaks through. With AdamW
 (the reference code's default) the per-coordinate scaling of Adam breaks this: the projected
@@ -46,7 +47,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class NullSpaceConfig(TypedConfig):
-    """NSP settings (defaults: the paper's and the reference code's).
+    """NSP settings (defaults: the LR-RGDA paper's and the reference code's).
 
     Parameters
     ----------

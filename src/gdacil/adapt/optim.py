@@ -2,8 +2,8 @@
 
 Two parameter groups, the backbone's trained tensors (``lr``) and the temporary task head
 (``head_lr``), one schedule for both: linear warmup over the first ``warmup_ratio`` of the steps,
-then cosine from 1 down to ``final_lr_ratio`` (the paper's and reference code's 10 % warmup and
-decay to lr / 3).
+then cosine from 1 down to ``final_lr_ratio`` (the 10 % warmup and decay to lr / 3 of the
+LR-RGDA paper [LR-RGDA] and its reference code).
 
 SGD's weight decay is added to the gradients *before* any gradient transform (this is exactly
 what ``torch.optim.SGD(weight_decay=...)`` computes, only earlier), so a null-space projection
@@ -22,8 +22,8 @@ import torch
 
 __all__ = ["OPTIMIZERS", "Optimization", "lr_factor", "make_optimization"]
 
-#: Supported optimisers: ``"sgd"`` (with momentum; the paper's choice for full fine-tuning) and
-#: ``"adamw"`` (the paper's choice for LoRA and the reference code's for everything).
+#: Supported optimisers: ``"sgd"`` (with momentum; the LR-RGDA paper's choice for full
+#: fine-tuning) and ``"adamw"`` (its choice for LoRA and the reference code's for everything).
 OPTIMIZERS = ("sgd", "adamw")
 
 

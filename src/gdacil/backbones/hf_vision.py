@@ -3,7 +3,8 @@
 Features are the CLS token after the final LayerNorm. With ``final_norm="nonaffine_ln"`` (the
 default, as in the reference code for every backbone) that LayerNorm is replaced by a
 parameter-free one, so every feature has zero mean and unit (biased) variance over its
-coordinates and norm ``sqrt(dim)``; the paper's regularisation constants assume that scale.
+coordinates and norm ``sqrt(dim)``; the regularisation constants of the LR-RGDA paper
+[LR-RGDA] assume that scale.
 """
 
 from __future__ import annotations

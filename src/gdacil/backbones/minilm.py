@@ -25,8 +25,8 @@ def minilm(
     Parameters
     ----------
     final_norm : {"l2", "nonaffine_ln", "pretrained"}
-        ``"l2"`` matches sentence-transformers; ``"nonaffine_ln"`` gives the paper's feature
-        scale (zero mean, unit variance per sample).
+        ``"l2"`` matches sentence-transformers; ``"nonaffine_ln"`` gives the LR-RGDA
+        paper's feature scale (zero mean, unit variance per sample).
     max_length : int
         Token limit (sentence-transformers uses 256 for this model).
     device : None, str or torch.device, default None

@@ -4,7 +4,7 @@ An :class:`ImagePreprocess` turns a batch of raw images into a normalised float 
 ``(n, 3, size, size)``: convert to RGB (transparent images are composited on white, gray images
 replicated), resize (bicubic by default, with PIL's antialiasing), centre-crop, scale to [0, 1]
 and normalise with a named mean/std from :data:`NORMALIZATIONS`. It is the evaluation transform
-of the paper ("Resize(256), CenterCrop(224)") when ``resize=256, size=224``.
+of the LR-RGDA paper [LR-RGDA] ("Resize(256), CenterCrop(224)") when ``resize=256, size=224``.
 """
 
 from __future__ import annotations

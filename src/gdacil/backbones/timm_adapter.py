@@ -38,7 +38,8 @@ class TimmBackbone(ImageBackbone):
         ``weights_only=True``.
     final_norm : {"nonaffine_ln", "pretrained", "l2"}
     preprocess : ImagePreprocess or dict, optional
-        Default: the paper's evaluation transform (resize 256, crop 224, ImageNet statistics).
+        Default: the LR-RGDA paper's evaluation transform (resize 256, crop 224, ImageNet
+        statistics).
     device, name
     """
 

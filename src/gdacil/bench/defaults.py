@@ -6,7 +6,8 @@ LayerNorm, L2) and each seed, the seed draws a class order and a train/test spli
 the classes arrive in equal tasks, the statistics take each task's training features, every head
 is rebuilt and scored on the test samples of all classes seen so far. The backbone is frozen, so
 this measures the heads alone. Last-Acc is the accuracy after the final task, Inc-Acc the mean
-over tasks. The paper's absolute regularisation runs beside gdacil's defaults (``*_paper``).
+over tasks. The absolute regularisation of the LR-RGDA paper [LR-RGDA] runs beside gdacil's
+defaults (``*_paper``).
 
 Regenerate: ``python -m gdacil bench defaults --out benchmarks --overwrite`` (writes
 ``defaults.json`` and ``defaults.md``, and one file per measured cell under ``incremental_runs/``,
@@ -32,7 +33,7 @@ __all__ = ["HEAD_FACTORIES", "head_entries", "main", "render", "run"]
 
 
 def head_entries() -> dict[str, HeadEntry]:
-    """gdacil's heads with their defaults, and the paper's presets (``*_paper``)."""
+    """gdacil's heads with their defaults, and the LR-RGDA paper's presets (``*_paper``)."""
     from ..heads import LDA, LRRGDA, NCM, QDA, RGDA, SGDHead
 
     factories: dict[str, Callable[[], Any]] = {

@@ -5,7 +5,7 @@ features are extracted once with the backbone's shipped output (``final_norm="pr
 the "raw" scaling) and cached; the other two scalings follow from the raw features exactly:
 
 - ``"raw"``: as the backbone returns them;
-- ``"ln"``: a parameter-free LayerNorm per sample (zero mean, unit variance; the paper's);
+- ``"ln"``: a parameter-free LayerNorm per sample (zero mean, unit variance; the LR-RGDA paper's);
 - ``"l2"``: unit Euclidean norm per sample (what sentence-transformers and CLIP return).
 
 Every seed draws its own class order and its own split of each class's samples into train and

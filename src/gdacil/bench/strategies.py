@@ -1,4 +1,6 @@
-"""``gdacil bench strategies``: the paper's whole pipeline on a real transformer, offline.
+"""``gdacil bench strategies``: the LR-RGDA paper's whole pipeline on a real transformer, offline.
+
+"The paper" below is the LR-RGDA paper [LR-RGDA] (see docs/references.md).
 
 Every Stage-1 strategy fine-tunes all-MiniLM-L6-v2 on 100 WordNet hypernym classes in 10 tasks
 of 10 (the shipped ``offline-wordnet-seqft`` experiment). One backbone trajectory per strategy

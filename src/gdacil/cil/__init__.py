@@ -1,4 +1,5 @@
-"""The class-incremental experiment: configuration, runner, metrics, checkpoints and results."""
+"""The class-incremental model and experiment: the one task step
+(:class:`IncrementalModel`), configuration, runner, metrics, checkpoints and results."""
 
 from .config import (
     CompensatorConfig,
@@ -9,8 +10,9 @@ from .config import (
     load_config,
 )
 from .metrics import IncrementalMetrics, TaskEvaluation, summarize_seeds
+from .model import IncrementalModel, TaskData
 from .runner import run_experiment
 
 __all__ = ["CompensatorConfig", "ConfigError", "ExperimentConfig", "HeadConfig",
-           "IncrementalMetrics", "StrategySpec", "TaskEvaluation", "load_config",
-           "run_experiment", "summarize_seeds"]
+           "IncrementalMetrics", "IncrementalModel", "StrategySpec", "TaskData",
+           "TaskEvaluation", "load_config", "run_experiment", "summarize_seeds"]

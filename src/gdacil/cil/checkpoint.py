@@ -1,27 +1,28 @@
 """Per-seed checkpoints: everything a run needs to continue after a task.
 
-A checkpoint after task ``k`` is, in the seed's directory:
+A checkpoint after task ``k`` is the state of the seed's :class:`~gdacil.cil.IncrementalModel`
+(:meth:`~gdacil.cil.IncrementalModel.state_parts`, without the track heads, which are rebuilt
+from the statistics), one file per part in the seed's directory, each written by
+:func:`gdacil.state.save_state`:
 
 - ``stats_task<k>_<track>.safetensors``: the class statistics of every compensator track
   (:class:`~gdacil.ClassGaussians` or :class:`~gdacil.LowRankGaussians`, as configured);
 - ``head_task<k>_<label>.safetensors``: every streaming head (its statistics of mapped
-  features, solved weights and fitted scalars; :meth:`~gdacil.heads.MappedLinearHead.save`);
+  features, solved weights and fitted scalars);
 - ``backbone_task<k>.safetensors`` and ``strategy_task<k>.safetensors``: the adapted weights
   and the strategy's state (only when the strategy trains the backbone);
 - ``state.json``: evaluations, timings and diagnostics so far, naming the files above, and the
   sha256 of its own content (``"sha256"``, over the canonical JSON of everything else).
 
 Every file is written atomically and ``state.json`` last, so a run killed in between resumes from
-the previous complete checkpoint. Other heads are not stored: they are rebuilt from the statistics.
-Every file is checksummed (the tensor files by :func:`gdacil.io.save_tensors`), and
-:func:`load_checkpoint` refuses a checkpoint whose files do not match their checksums, cannot be
-parsed or are missing, with a :class:`~gdacil.io.CorruptFileError` naming the file and suggesting
-``--overwrite``. A ``state.json`` without a checksum (written before they existed) is accepted.
+the previous complete checkpoint. Every file is checksummed, and :func:`load_checkpoint` refuses
+a checkpoint whose files do not match their checksums, cannot be parsed or are missing, with a
+:class:`~gdacil.io.CorruptFileError` naming the file and suggesting ``--overwrite``. A
+``state.json`` without a checksum (written before they existed) is accepted.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,10 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
+from ..hashing import sha256_json
 from ..heads import MappedLinearHead
-from ..io import CorruptFileError, atomic_write_text, load_tensors, save_tensors
+from ..io import CorruptFileError, atomic_write_text
+from ..state import State, load_state, save_state
 from ..stats import ClassStatistics
 from .metrics import TaskEvaluation
 
@@ -45,18 +47,34 @@ ADVICE = ("The checkpoint cannot be resumed: rerun with --overwrite to start thi
           "set another output_dir).")
 
 
+#: the file of each kind of part of a model's state, after task ``k``
+_FILES = {"tracks": "stats_task{k}_{label}.safetensors",
+          "streaming": "head_task{k}_{label}.safetensors",
+          "backbone": "backbone_task{k}.safetensors", "strategy": "strategy_task{k}.safetensors"}
+
+
 @dataclass
 class SeedState:
     """What a seed's run has done so far."""
 
     completed: int  # number of tasks done
-    tracks: dict[str, ClassStatistics]  # compensator label -> statistics (dense or low-rank)
+    #: the model's state (:meth:`IncrementalModel.state_parts` without the track heads)
+    parts: dict[str, State] = field(default_factory=dict)
     evaluations: dict[str, list[TaskEvaluation]] = field(default_factory=dict)
     timings: list[dict] = field(default_factory=list)
     diagnostics: list[dict] = field(default_factory=list)
-    backbone: dict[str, torch.Tensor] | None = None  # adapted weights, when the backbone trains
-    strategy: tuple[dict[str, torch.Tensor], dict] | None = None
-    streaming: dict[str, MappedLinearHead] = field(default_factory=dict)  # head label -> head
+
+    @property
+    def tracks(self) -> dict[str, ClassStatistics]:
+        """The statistics of every compensator track, by label."""
+        return {name.partition("/")[2]: ClassStatistics.from_state(state, source=name)
+                for name, state in self.parts.items() if name.startswith("tracks/")}
+
+    @property
+    def streaming(self) -> dict[str, MappedLinearHead]:
+        """The streaming heads, by label."""
+        return {name.partition("/")[2]: MappedLinearHead.from_state(state, source=name)
+                for name, state in self.parts.items() if name.startswith("streaming/")}
 
 
 def _eval_to_json(e: TaskEvaluation) -> dict:
@@ -74,20 +92,14 @@ def save_checkpoint(directory: Path, state: SeedState, fingerprint: str) -> None
     directory.mkdir(parents=True, exist_ok=True)
     k = state.completed
     files: dict[str, Any] = {"tracks": {}, "streaming": {}}
-    for label, stats in state.tracks.items():
-        name = f"stats_task{k}_{label}.safetensors"
-        stats.save(directory / name)
-        files["tracks"][label] = name
-    for label, head in state.streaming.items():
-        name = f"head_task{k}_{label}.safetensors"
-        head.save(directory / name)
-        files["streaming"][label] = name
-    if state.backbone is not None:
-        files["backbone"] = f"backbone_task{k}.safetensors"
-        save_tensors(directory / files["backbone"], state.backbone, {"task": k})
-    if state.strategy is not None:
-        files["strategy"] = f"strategy_task{k}.safetensors"
-        save_tensors(directory / files["strategy"], *state.strategy)
+    for name, part in state.parts.items():
+        kind, _, label = name.partition("/")
+        file = _FILES[kind].format(k=k, label=label)
+        save_state(directory / file, part)
+        if label:
+            files[kind][label] = file
+        else:
+            files[kind] = file
     payload = {
         "format": _FORMAT,
         "fingerprint": fingerprint,
@@ -108,11 +120,9 @@ def save_checkpoint(directory: Path, state: SeedState, fingerprint: str) -> None
 
 
 def _state_checksum(payload: dict) -> str:
-    """sha256 of ``payload`` without its ``"sha256"``: JSON with sorted keys and no whitespace
-    (NaN allowed: timings and diagnostics may hold it), so it survives a load and a dump."""
-    body = {k: v for k, v in payload.items() if k != "sha256"}
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode("ascii")).hexdigest()
+    """sha256 of ``payload`` without its ``"sha256"`` (canonical JSON, NaN allowed: timings
+    and diagnostics may hold it), so it survives a load and a dump."""
+    return sha256_json({k: v for k, v in payload.items() if k != "sha256"}, allow_nan=True)
 
 
 def _read_state(path: Path) -> dict:
@@ -166,14 +176,23 @@ def load_checkpoint(directory: Path, fingerprint: str) -> SeedState | None:
             "Use another output_dir, or delete the directory to start over."
         )
     files = payload["files"]
-    tracks = {label: _load_file(directory / name, ClassStatistics.load)
-              for label, name in files["tracks"].items()}
-    backbone = (_load_file(directory / files["backbone"], load_tensors)[0]
-                if "backbone" in files else None)
-    strategy = _load_file(directory / files["strategy"], load_tensors) if "strategy" in files else None
-    streaming = {label: _load_file(directory / name, MappedLinearHead.load)
-                 for label, name in files.get("streaming", {}).items()}
+    parts = {f"tracks/{label}": _load_file(directory / name, _checked(ClassStatistics))
+             for label, name in files["tracks"].items()}
+    parts.update({f"streaming/{label}": _load_file(directory / name, _checked(MappedLinearHead))
+                  for label, name in files.get("streaming", {}).items()})
+    parts.update({kind: _load_file(directory / files[kind], load_state)
+                  for kind in ("backbone", "strategy") if kind in files})
     evaluations = {label: [_eval_from_json(e) for e in v]
                    for label, v in payload["evaluations"].items()}
-    return SeedState(payload["completed"], tracks, evaluations, payload["timings"],
-                     payload["diagnostics"], backbone, strategy, streaming)
+    return SeedState(payload["completed"], parts, evaluations, payload["timings"],
+                     payload["diagnostics"])
+
+
+def _checked(kind) -> Callable[[Path], State]:
+    """Reads a state file and checks that it rebuilds a ``kind`` (``ValueError`` otherwise)."""
+    def read(path: Path) -> State:
+        state = load_state(path)
+        kind.from_state(state, source=str(path))
+        return state
+
+    return read

@@ -113,7 +113,7 @@ class BackboneConfig(TypedConfig):
 @dataclass
 class HeadConfig(TypedConfig):
     """One head to build after every task: a registered ``name``, its parameters, and
-    optionally ``defaults: paper``, the paper's preset (``LDA.paper()``, ``RGDA.paper()``,
+    optionally ``defaults: paper``, the LR-RGDA paper's preset (``LDA.paper()``, ``RGDA.paper()``,
     ``LRRGDA.paper()``) that the parameters then override.
 
     A streaming head (``gdacil.heads.STREAMING_HEADS``: ``ranpac``, ``acil``, ``rbf_lda``) is not
@@ -142,12 +142,12 @@ class HeadConfig(TypedConfig):
 @dataclass
 class AnchorConfig(TypedConfig):
     """Unlabelled anchors for drift compensation: ``n`` drawn with ``seed``, plus the current
-    task's training samples when ``include_current`` (the paper's choice).
+    task's training samples when ``include_current`` (the LR-RGDA paper's choice).
 
     They come from ``pool`` of the protocol's own datasets (:func:`gdacil.data.draw_anchors`), or,
     when ``dataset`` names a registered dataset outside the protocol, from that dataset's
     ``splits`` (all by default), built with ``dataset_options``
-    (:class:`gdacil.data.ExternalAnchors`): the paper adds 1024 ImageNet images this way.
+    (:class:`gdacil.data.ExternalAnchors`): the LR-RGDA paper adds 1024 ImageNet images this way.
     """
 
     n: int = 1024
@@ -250,7 +250,7 @@ class CompensatorConfig(TypedConfig):
         A key of :data:`gdacil.drift.COMPENSATORS` (``gdacil list compensators``).
     defaults : str, optional
         The preset the hyperparameters start from (None: ``"recommended"``; ``"paper"`` for
-        HopDC and alpha1-SLDC as the paper ran them).
+        HopDC and alpha1-SLDC as the LR-RGDA paper ran them).
     anchors : int, optional
         How many of the run's external anchors the track fits on (None: all of them).
     params : dict

@@ -1,16 +1,11 @@
 """The class-incremental experiment runner.
 
-For every seed and every task ``t``:
-
-1. anchor features under the current backbone (``t > 0``, when a compensator needs them);
-2. the Stage-1 strategy adapts the backbone on the task's training samples;
-3. features of the task's training samples and of the anchors under the adapted backbone (one
-   extraction), and the statistics of the new classes;
-4. every compensator track moves its old-class statistics into the new feature space (fitted on
-   the anchors' features before and after step 2), then takes the new classes;
-5. every head is rebuilt from every track's statistics, every streaming head takes the task's
-   training features (``partial_fit``), and each is evaluated on the test samples of all classes
-   seen so far.
+For every seed, the run builds one :class:`~gdacil.cil.IncrementalModel` (the backbone, the
+Stage-1 strategy, one track of class statistics per compensator, every head) and, for every
+task ``t``: the model learns the task (:meth:`~gdacil.cil.IncrementalModel.learn_task`, the task
+step the :class:`~gdacil.learner.Learner` takes too, with the task's training samples from the
+feature cache and, for ``t > 0`` when a compensator needs them, the anchors), every head is
+evaluated on the test samples of all classes seen so far, and the model's state is checkpointed.
 
 One backbone trajectory per seed feeds every compensator and every head, so the expensive part
 runs once.
@@ -19,9 +14,9 @@ Streaming heads (``ranpac``, ``acil``, ``rbf_lda``: :data:`gdacil.heads.STREAMIN
 statistics of randomly mapped features, not per-class Gaussians in feature space, so no
 compensator can move them: each runs once per seed, and its results are labelled as if on the
 uncompensated track (:func:`streaming_track`). When the strategy trains the backbone after the
-first task, their old classes stay in the old feature space (the paper's no-compensation
-baseline). A checkpoint after every task lets ``resume=True`` continue an interrupted run to
-exactly the results of an uninterrupted one.
+first task, their old classes stay in the old feature space (the no-compensation baseline
+of the LR-RGDA paper [LR-RGDA]). A checkpoint after every task lets ``resume=True`` continue an
+interrupted run to exactly the results of an uninterrupted one.
 
 Messages go to the ``gdacil.cil.runner`` logger (:mod:`logging`; the library installs no
 handler, the ``gdacil`` command does): INFO for each task's accuracies with the run's progress
@@ -32,7 +27,6 @@ and an estimate of the time left, WARNING for what may surprise, DEBUG for each 
 from __future__ import annotations
 
 import logging
-import resource
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -45,10 +39,10 @@ from ..callbacks import Callback, CallbackList, TensorBoardLogger
 from ..hashing import sha256_json
 from ..io import remove_stale_temp_files
 from ..stats import ClassGaussians
-from .checkpoint import SeedState, load_checkpoint
-from .checkpoint import save_checkpoint as save_checkpoint  # bench pipeline patches it
+from .checkpoint import SeedState, load_checkpoint, save_checkpoint
 from .config import ExperimentConfig, check_output_name, without_reporting_keys
 from .metrics import IncrementalMetrics, TaskEvaluation
+from .model import IncrementalModel, TaskData, _Clock, peak_memory_bytes, result_label
 from .progress import RunProgress
 from .results import results_record, write_results
 
@@ -88,11 +82,6 @@ def experiment_fingerprint(cfg: ExperimentConfig) -> str:
     return sha256_json(d)
 
 
-def result_label(track: str, head: str, n_tracks: int) -> str:
-    """``head`` alone with one compensator track, else ``track/head``."""
-    return head if n_tracks == 1 else f"{track}/{head}"
-
-
 def streaming_track(cfg: ExperimentConfig) -> str:
     """The track streaming heads are reported on: the first ``identity`` compensator's label, or
     ``"none"`` without one (``result_label`` drops it when there is a single track)."""
@@ -108,11 +97,6 @@ def build_feature_backbone(cfg: ExperimentConfig):
     if bc.projection_dim:
         backbone = RandomProjection(backbone, bc.projection_dim, seed=bc.projection_seed)
     return backbone.set_precision(bc.precision)
-
-
-def task_seed(seed: int, task: int, purpose: int) -> int:
-    """An independent seed for (run seed, task, purpose), so streams never overlap across runs."""
-    return int(np.random.SeedSequence([seed, task, purpose]).generate_state(1)[0])
 
 
 class _SeedRun:
@@ -139,9 +123,12 @@ class _SeedRun:
                              f"{self.tasks.modality}")
         self.anchor_pool = self._draw_anchors() if self.needs_anchors else ()
         self.cache = FeatureCache(cfg.cache_dir)
-        self.heads = {track: {label: h.build() for label, h in cfg.heads.items() if not h.streaming}
-                      for track in self.compensators}
-        self.streaming_label = streaming_track(cfg)
+        self.model = IncrementalModel(
+            self.backbone, cfg.statistics, compensators=self.compensators,
+            heads={label: h.build for label, h in cfg.heads.items() if not h.streaming},
+            streaming={label: h.build() for label, h in cfg.heads.items() if h.streaming},
+            strategy=self.strategy, ddof=cfg.ddof, seed=seed,
+            adapt_options={"num_workers": self.num_workers}, streaming_track=streaming_track(cfg))
 
     def _draw_anchors(self) -> tuple[str, ...]:
         from ..data import draw_anchors
@@ -179,23 +166,17 @@ class _SeedRun:
     # ------------------------------------------------------------------ the loop
     def run(self, state: SeedState | None, on_task_end: Callable | None) -> SeedState:
         if state is None:
-            state = SeedState(0, {track: self.cfg.statistics.empty(self.backbone.dim, self.cfg.ddof)
-                                  for track in self.compensators},
-                              streaming={label: h.build() for label, h in self.cfg.heads.items()
-                                         if h.streaming})
+            state = SeedState(0)
         else:
-            self._restore(state)
-        self._warn_uncompensated(state)
+            self.model.load_state_parts(state.parts)
+        self._warn_uncompensated()
         self.progress.skip(state.completed)
         for t in range(state.completed, len(self.tasks)):
             self.callbacks.on_task_start(self.seed, t, self._task_info(t))
             timing = self.run_task(t, state)
             state.timings.append(timing)
             state.completed = t + 1
-            if self.strategy.config.params != "none":
-                state.backbone = {k: v.detach().clone()
-                                  for k, v in self.backbone.model.state_dict().items()}
-                state.strategy = self.strategy.state_dict()
+            state.parts = self.model.state_parts(heads=False)  # heads: rebuilt from statistics
             if distributed.is_main_process():
                 start = time.perf_counter()
                 save_checkpoint(self.dir, state, experiment_fingerprint(self.cfg))
@@ -231,60 +212,50 @@ class _SeedRun:
             if key.endswith("_s") and isinstance(value, float)))
         self.callbacks.on_task_end(self.seed, t, timing, metrics)
 
-    def _restore(self, state: SeedState) -> None:
-        if state.backbone is not None:
-            self.backbone.model.load_state_dict(state.backbone)
-        if state.strategy is not None:
-            self.strategy.load_state_dict(*state.strategy)
-
-    def _warn_uncompensated(self, state: SeedState) -> None:
-        if state.streaming and any(self.strategy.trains_on(t) for t in range(1, len(self.tasks))):
+    def _warn_uncompensated(self) -> None:
+        streaming = self.model.streaming
+        if streaming and any(self.strategy.trains_on(t) for t in range(1, len(self.tasks))):
             self.say.warning(
-                f"seed {self.seed}: streaming heads {', '.join(state.streaming)} learn from "
+                f"seed {self.seed}: streaming heads {', '.join(streaming)} learn from "
                 f"features and are not drift-compensated: strategy {self.strategy.name!r} "
                 "changes the backbone, and their old classes stay in the old feature space")
 
     def run_task(self, t: int, state: SeedState) -> dict:
-        """Run task ``t``; returns its timings (``task_s``: all of it, before the checkpoint)."""
+        """Learn task ``t`` and evaluate every head; returns its timings (``task_s``: all of
+        it, before the checkpoint)."""
         start = time.perf_counter()
         task = self.tasks[t]
-        timing: dict = {"task": t}
-        clock = _Clock(timing)
-        anchor_ids = self._anchor_ids(t)
-        with clock("anchors_before_s"):
-            old_anchors = self.features(anchor_ids) if anchor_ids else None
-        if self.strategy.trains_on(t):
-            with clock("adapt_s"):
-                labels = np.asarray(task.train.labels)
-                log = self.strategy.adapt_task(self.backbone, t, self.tasks.load(task.train.ids),
-                                               labels, generator=task_seed(self.seed, t, 0),
-                                               on_step=self._on_step(t),
-                                               num_workers=self.num_workers)
-            timing["adapt"] = {k: v for k, v in log.items() if k not in ("loss", "task_loss",
-                                                                            "kd_loss")}
-            timing["adapt"]["final_loss"] = log["loss"][-1] if log.get("loss") else None
-            final = timing["adapt"]["final_loss"]
+        anchors = self._anchor_ids(t)
+        old_classes = [c for j in range(t) for c in self.tasks[j].classes]
+        diagnose = anchors and self.cfg.drift_diagnostics
+        report: dict = {"task": t}
+
+        def diagnosed(track, before, after):
+            """The drift report of ``track`` against the old classes' statistics recomputed
+            under the adapted backbone (needs their data; computed once per task)."""
+            from ..drift import drift_report
+
+            if "oracle" not in report:
+                report["oracle"] = self._oracle(t, old_classes)
+            report[track] = drift_report(after, report["oracle"], before=before,
+                                         labels=old_classes)
+
+        timing = self.model.learn_task(t, TaskData(
+            keys=task.train.ids, labels=torch.tensor(task.train.labels, dtype=torch.int64),
+            samples=self.tasks.load(task.train.ids) if self.strategy.trains_on(t) else (),
+            features=self.features, anchors=anchors, anchor_rows=self._track_rows,
+            old_classes=old_classes),
+            on_step=self._on_step(t), on_compensated=diagnosed if diagnose else None)
+        if diagnose:
+            report.pop("oracle", None)
+            state.diagnostics.append(report)
+        if "adapt" in timing:
+            log, final = timing["adapt"], timing["adapt"]["final_loss"]
             self.say.debug(f"seed {self.seed} task {t + 1}: Stage-1 {log['steps']} steps in "
                            f"{log['seconds']:.2f}s, final loss "
                            f"{'-' if final is None else format(final, '.4g')}")
-        with clock("features_s"):  # one extraction for the task's samples and the anchors
-            position = {i: k for k, i in enumerate(dict.fromkeys([*task.train.ids, *anchor_ids]))}
-            after = self.features(list(position))
-            X = after[: len(task.train.ids)]
-            new_anchors = (after[torch.tensor([position[i] for i in anchor_ids], dtype=torch.long)]
-                           if anchor_ids else None)
-        with clock("stats_s"):
-            new = ClassGaussians(self.backbone.dim, ddof=self.cfg.ddof).update(
-                X, torch.tensor(task.train.labels, dtype=torch.int64))
-            if self.cfg.statistics.storage != "dense":  # compress the new classes once, for every track
-                new = self.cfg.statistics.empty(self.backbone.dim, self.cfg.ddof).merge(new)
-        if old_anchors is not None:
-            self._compensate(t, state, old_anchors, new_anchors, timing)
-        for stats in state.tracks.values():
-            stats.merge(new)  # type: ignore[attr-defined]  # both storages merge
-        timing["stats_bytes"] = {track: s.nbytes for track, s in state.tracks.items()}
-        self._evaluate(t, state, timing, X)
-        timing["max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        self._evaluate(t, state, timing)
+        timing["max_rss_bytes"] = peak_memory_bytes()
         timing["task_s"] = time.perf_counter() - start
         return timing
 
@@ -306,27 +277,6 @@ class _SeedRun:
                              "anchors.include_current: true")
         return ids
 
-    def _compensate(self, t, state, old_anchors, new_anchors, timing) -> None:
-        old_classes = [c for j in range(t) for c in self.tasks[j].classes]
-        oracle = self._oracle(t, old_classes) if self.cfg.drift_diagnostics else None
-        timing["compensate_s"], report = {}, {"task": t}
-        for track, comp in self.compensators.items():
-            if comp.name == "identity":
-                continue
-            start = time.perf_counter()
-            before = state.tracks[track]
-            rows = self._track_rows(track, old_anchors.shape[0])
-            comp.fit(old_anchors[rows], new_anchors[rows])
-            state.tracks[track] = comp.transform(before, labels=old_classes)
-            timing["compensate_s"][track] = time.perf_counter() - start
-            if oracle is not None:
-                from ..drift import drift_report
-
-                report[track] = drift_report(state.tracks[track], oracle, before=before,
-                                             labels=old_classes)
-        if oracle is not None:
-            state.diagnostics.append(report)
-
     def _track_rows(self, track: str, n_rows: int) -> torch.Tensor | slice:
         """Rows of the anchor features that ``track`` fits on: its subset of the external pool,
         then every current-task sample (which follow the pool in :meth:`_anchor_ids`)."""
@@ -345,35 +295,19 @@ class _SeedRun:
             oracle.update(self.features(split.ids), torch.tensor(split.labels, dtype=torch.int64))
         return oracle.subset(old_classes)
 
-    def _evaluate(self, t: int, state: SeedState, timing: dict, X_task: torch.Tensor) -> None:
+    def _evaluate(self, t: int, state: SeedState, timing: dict) -> None:
+        """Every head's predictions on the test samples of every class seen so far."""
         seen = range(t + 1)
         with _Clock(timing)("test_features_s"):
             X_test = torch.cat([self.features(self.tasks[j].test.ids) for j in seen])
         y_test = np.concatenate([np.asarray(self.tasks[j].test.labels) for j in seen])
         task_of = np.concatenate([np.full(len(self.tasks[j].test.ids), j) for j in seen])
-        timing["heads"] = {}
-        for key, head, build in self._fitted_heads(t, state, X_task):
+        for key, head in self.model.fitted_heads():
             start = time.perf_counter()
             pred = head.predict(X_test).numpy()
             state.evaluations.setdefault(key, []).append(TaskEvaluation(y_test, pred, task_of))
-            timing["heads"][key] = {"build_s": build, "predict_s": time.perf_counter() - start,
-                                    "bytes": head.memory_report()["total"]}
-
-    def _fitted_heads(self, t: int, state: SeedState, X_task: torch.Tensor):
-        """``(result label, head, seconds to fit it)`` for every head, fitted up to task ``t``:
-        the track heads rebuilt from their statistics, the streaming heads given the task's
-        training features."""
-        for track, heads in self.heads.items():
-            for label, head in heads.items():
-                start = time.perf_counter()
-                head.fit(state.tracks[track])
-                yield result_label(track, label, len(self.heads)), head, time.perf_counter() - start
-        labels = torch.tensor(self.tasks[t].train.labels, dtype=torch.int64)
-        for label, head in state.streaming.items():
-            start = time.perf_counter()
-            head.partial_fit(X_task, labels).solve()  # solved here, so it is timed as a build
-            yield (result_label(self.streaming_label, label, len(self.heads)), head,
-                   time.perf_counter() - start)
+            timing["heads"][key].update(predict_s=time.perf_counter() - start,
+                                        bytes=head.memory_report()["total"])
 
 
 def anchor_subset(pool_size: int, n: int, seed: int) -> torch.Tensor:
@@ -381,23 +315,6 @@ def anchor_subset(pool_size: int, n: int, seed: int) -> torch.Tensor:
     nested (prefixes of one seeded permutation), so a sweep over ``n`` adds anchors, never swaps."""
     order = np.random.default_rng([seed, pool_size]).permutation(pool_size)
     return torch.from_numpy(np.sort(order[:n]))
-
-
-class _Clock:
-    """``with clock("name_s"):`` records the block's wall time in ``timing["name_s"]``."""
-
-    def __init__(self, timing: dict):
-        self.timing = timing
-
-    def __call__(self, key: str):
-        self.key = key
-        return self
-
-    def __enter__(self):
-        self.start = time.perf_counter()
-
-    def __exit__(self, *exc):
-        self.timing[self.key] = time.perf_counter() - self.start
 
 
 def run_experiment(cfg: ExperimentConfig, *, resume: bool = False, overwrite: bool = False,

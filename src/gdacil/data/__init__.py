@@ -76,7 +76,7 @@ __all__ = [
     "split_id",
 ]
 
-#: The paper's cross-domain benchmark, in its task order.
+#: The LR-RGDA paper's cross-domain benchmark, in its task order.
 CROSS_DOMAIN_DATASETS = (
     "cifar100",
     "imagenet-r",

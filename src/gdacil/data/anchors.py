@@ -1,6 +1,7 @@
 """Anchor sets: unlabelled samples for drift compensation (HopDC, SDC, ...), drawn with a seed.
 
-Anchors should come from outside the task classes, as the paper's ImageNet anchors do:
+Anchors should come from outside the task classes, as the ImageNet anchors of the LR-RGDA paper
+[LR-RGDA] do:
 
 - ``pool="outside"`` (default): every sample of the protocol's datasets that belongs to no class
   used by the protocol: the dataset's unlabelled pool (WordNet synsets outside the chosen
@@ -14,7 +15,7 @@ Anchors should come from outside the task classes, as the paper's ImageNet ancho
 No sample that the protocol evaluates on, and no official test sample of a used class, is ever
 an anchor.
 
-:class:`ExternalAnchors` draws them from a dataset outside the protocol instead, as the paper
+:class:`ExternalAnchors` draws them from a dataset outside the protocol instead, as that paper
 adds 1024 ImageNet images to every benchmark.
 """
 

@@ -55,7 +55,7 @@ _LAYOUTS = (
 #: Known datasets: expected class counts, where the data comes from, and the folders their
 #: archives unpack into (a root holding one of them is read from there).
 IMAGE_FOLDER_PRESETS: dict[str, dict] = {
-    # the paper's external anchors: any ImageNet-1k images, one folder per class (the class
+    # the LR-RGDA paper's external anchors: any ImageNet-1k images, one folder per class (the class
     # count is not checked: a subset of the training set is enough to draw anchors from)
     "imagenet": {
         "classes": (),

@@ -5,16 +5,17 @@ A :class:`Protocol` is a small serialisable description; :meth:`Protocol.build` 
 manifest path, writes the split there or checks it against the one written before.
 
 Within-domain (one dataset): classes are ordered by ``numpy.random.RandomState(seed)
-.permutation(C)``, the order PyCIL, PILOT and the reference code use for the same seed (1993,
-1996, 1997 in the paper), and cut into an ``initial`` task and ``increment``-sized tasks; the last
-task takes what remains (Cars-196 with 20/20: nine tasks of 20 and one of 16).
+.permutation(C)``, the order PyCIL, PILOT [PILOT] and the reference code use for the same seed
+(1993, 1996, 1997 in the LR-RGDA paper [LR-RGDA]), and cut into an ``initial`` task and
+``increment``-sized tasks; the last task takes what remains (Cars-196 with 20/20: nine tasks of
+20 and one of 16).
 
 Cross-domain (several datasets): every dataset is split into two tasks, its classes shuffled
 with ``RandomState(split_seed + dataset_index)`` (the reference code uses 42 whatever the run
 seed), the first half taking the extra class when the count is odd; tasks follow the dataset
-order. Use ``train_cap=128`` for the paper's 128-shot cap. Train and test samples always come
-from disjoint pools (the reference re-splitting script can leak train images into test; this
-does not).
+order. Use ``train_cap=128`` for the LR-RGDA paper's 128-shot cap. Train and test samples
+always come from disjoint pools (the reference re-splitting script can leak train images into
+test; this does not).
 
 Per-class caps draw without replacement from each class's pool with
 ``numpy.random.default_rng([seed, dataset_index, class_index, split])``. For a dataset without

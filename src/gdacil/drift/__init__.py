@@ -3,7 +3,7 @@
 Every compensator follows one contract (:class:`Compensator`)::
 
     comp = build_compensator("hopdc")                         # gdacil's recommended HopDC
-    comp = build_compensator("hopdc", defaults="paper")       # the paper's, exactly
+    comp = build_compensator("hopdc", defaults="paper")       # the LR-RGDA paper's, exactly
     comp.fit(old_anchor_features, new_anchor_features)      # same N unlabelled anchors
     new_stats = comp.transform(stats, labels=old_classes)   # a new ClassGaussians
 
@@ -63,7 +63,7 @@ def build_compensator(name: str | dict[str, Any], **config) -> Compensator:
     hyperparameters; ``config`` overrides them). The optional ``defaults`` entry names the preset
     the hyperparameters start from (:attr:`Compensator.presets`; ``"recommended"``, the
     constructor's defaults, when absent): ``{"name": "hopdc", "defaults": "paper", "tau": 0.1}``
-    is the paper's HopDC with ``tau = 0.1``.
+    is the LR-RGDA paper's HopDC with ``tau = 0.1``.
 
     >>> from gdacil.drift import build_compensator
     >>> build_compensator("hopdc", tau=0.1).tau

@@ -28,6 +28,7 @@ import torch
 from .._random import make_generator
 from .._validation import as_dtype, as_features, check_nonnegative, dtype_name
 from ..errors import NotFittedError
+from ..state import Stateful
 from ..stats import ClassStatistics
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ def l2_normalize_rows(X: torch.Tensor) -> torch.Tensor:
     return X / X.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(X.dtype).tiny)
 
 
-class Compensator(abc.ABC):
+class Compensator(Stateful, abc.ABC):
     """Maps class statistics from the old backbone's feature space into the new one's.
 
     Subclasses are dataclasses whose fields are the hyperparameters. They implement
@@ -94,6 +95,8 @@ class Compensator(abc.ABC):
     #: constructor's defaults). ``recommended`` is the constructor's defaults.
     presets: ClassVar[dict[str, dict[str, Any]]] = {"recommended": {}}
     _normalized_sets: ClassVar[tuple[str, ...]] = ()
+    #: fitted attributes: what :meth:`state_dict` stores (:mod:`gdacil.state`)
+    _state_attributes: ClassVar[tuple[str, ...]] = ("n_anchors_", "dim_")
     if TYPE_CHECKING:  # every subclass is a dataclass, which dataclasses.fields accepts
         __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 

@@ -1,4 +1,7 @@
-"""HopDC: Hopfield-based distribution compensation (the paper's training-free compensator).
+"""HopDC: Hopfield-based distribution compensation (a training-free drift compensator).
+
+HopDC is the compensator of the LR-RGDA paper [LR-RGDA]; its retrieval is one update of a modern
+continuous Hopfield network [Hopfield] (see docs/references.md).
 
 Keys are the L2-normalised old anchor features, values the raw anchor drifts::
 
@@ -9,8 +12,8 @@ Each old class is represented by ``M`` pseudo-samples from ``N(mu_c, Sigma_c)``;
 shifted by its retrieved drift and the mean and covariance are re-estimated from the shifted
 samples (:mod:`gdacil.drift.pseudo`).
 
-Proposition 2 of the paper bounds the per-query error by ``L * sum_i p_i ||k_i - z||`` for a drift
-field with Lipschitz constant ``L``, and (normalised keys and query) by
+Proposition 2 of the LR-RGDA paper bounds the per-query error by ``L * sum_i p_i ||k_i - z||``
+for a drift field with Lipschitz constant ``L``, and (normalised keys and query) by
 ``L * (min_i ||k_i - z|| + sqrt(2 tau log k))``; :meth:`HopDC.drift_at` and
 :meth:`HopDC.attention` expose the retrieval so both can be checked.
 """
@@ -42,41 +45,41 @@ class HopDC(PseudoSampling, Compensator):
     """Training-free drift compensation by top-k Hopfield retrieval of anchor drifts.
 
     Two presets: :meth:`recommended` (the constructor's defaults, what ``{name: hopdc}`` in a
-    config builds) and :meth:`paper` (exactly as the paper specifies: ``{name: hopdc, defaults:
-    paper}``). They differ in one value, ``match_moments``: on the strategies benchmark (MiniLM
-    fine-tuned with SeqFT on 100 WordNet classes in 10 tasks, LR-RGDA head, 3 seeds;
-    ``benchmarks/strategies/strategies.md``) the paper's HopDC reaches 72.42 Last-Acc, below
-    alpha1-SLDC's 75.00, because it re-estimates every covariance from fresh pseudo-samples at
-    every task and that sampling error compounds; with moment-matched pseudo-samples it reaches
-    76.47 (3.65 to 4.6 points above the paper's on every seed) and the covariance error against
-    the oracle after the last task falls from 0.91 to 0.35.
+    config builds) and :meth:`paper` (exactly as the LR-RGDA paper [LR-RGDA] specifies:
+    ``{name: hopdc, defaults: paper}``). They differ in one value, ``match_moments``: on the
+    strategies benchmark (MiniLM fine-tuned with SeqFT on 100 WordNet classes in 10 tasks, LR-RGDA
+    head, 3 seeds; ``benchmarks/strategies/strategies.md``) the ``paper`` preset reaches 72.42
+    Last-Acc, below alpha1-SLDC's 75.00, because it re-estimates every covariance from fresh
+    pseudo-samples at every task and that sampling error compounds; with moment-matched
+    pseudo-samples it reaches 76.47 (3.65 to 4.6 points above the ``paper`` preset on every seed)
+    and the covariance error against the oracle after the last task falls from 0.91 to 0.35.
 
     Parameters
     ----------
     tau : float, default 0.05
-        Softmax temperature (the paper's value).
+        Softmax temperature (the LR-RGDA paper's value).
     topk : int or None, default 400
-        Softmax over each query's ``topk`` largest logits only (the paper's value); ``None`` uses
-        all anchors. With fewer anchors than ``topk``, ``fit`` warns and all anchors are used (as
-        the reference code does).
+        Softmax over each query's ``topk`` largest logits only (the LR-RGDA paper's value);
+        ``None`` uses all anchors. With fewer anchors than ``topk``, ``fit`` warns and all
+        anchors are used (as the reference code does).
     n_samples : int, default 2000
-        ``M``, pseudo-samples per class. The paper does not state it; 2000 is the reference code's
-        value. The covariance is re-estimated from ``M`` samples, so its relative sampling error is
-        about ``sqrt((r_eff + 1) / M)`` for a class of effective rank
+        ``M``, pseudo-samples per class. The LR-RGDA paper does not state it; 2000 is the
+        reference code's value. The covariance is re-estimated from ``M`` samples, so its
+        relative sampling error is about ``sqrt((r_eff + 1) / M)`` for a class of effective rank
         ``r_eff = tr(Sigma)^2 / tr(Sigma^2)`` (about 0.1 to 0.16 for ``r_eff`` 20 to 50); cost is
         linear in ``M``. ``match_moments`` removes the sampling error of the affine part.
     damping : float, default 0
-        Fraction of the old moments kept after re-estimation. The paper has none (0); the reference
-        code uses 0.1 (``0.9 new + 0.1 old``).
+        Fraction of the old moments kept after re-estimation. The LR-RGDA paper has none (0); the
+        reference code uses 0.1 (``0.9 new + 0.1 old``).
     shared_noise : bool, default True
         One standard-normal block for all classes (common random numbers, as the reference code
         does) or one per class.
     match_moments : {"auto", True, False}, default "auto"
         Centre and whiten the noise so the pseudo-samples reproduce the stored moments exactly
         (see :mod:`gdacil.drift.pseudo`); then a drift that is locally affine moves the moments
-        without sampling error. gdacil's choice, not in the paper (whose preset has ``False``).
-        It needs ``n_samples > d``: ``True`` raises at ``fit`` otherwise, ``"auto"`` (the
-        recommended preset) then falls back to plain samples, as in the paper, with a
+        without sampling error. gdacil's choice, not in the LR-RGDA paper (whose preset has
+        ``False``). It needs ``n_samples > d``: ``True`` raises at ``fit`` otherwise, ``"auto"``
+        (the recommended preset) then falls back to plain samples, as in that paper, with a
         ``UserWarning``. The fitted ``match_moments_`` says which was used.
     jitter : float, default 0
         Sample from ``N(mu, Sigma + jitter I)``. The reference code uses 1e-4 (on LayerNorm
@@ -100,6 +103,19 @@ class HopDC(PseudoSampling, Compensator):
     match_moments_ : bool
         Whether the pseudo-samples are moment-matched.
 
+    References
+    ----------
+    [LR-RGDA] X. Rao, M. Ha, B. Zhao, D. Liu and C. Alippi. Scalable Analytic Classifiers with
+    Associative Drift Compensation for Class-Incremental Learning of Vision Transformers.
+    arXiv:2602.00144, 2026 (HopDC, its defaults and Proposition 2).
+
+    [Hopfield] H. Ramsauer et al. Hopfield Networks is All You Need. International Conference on
+    Learning Representations (ICLR), 2021. arXiv:2008.02217
+
+    [UHN] B. Millidge, T. Salvatori, Y. Song, T. Lukasiewicz and R. Bogacz. Universal Hopfield
+    Networks: A General Framework for Single-Shot Associative Memory Models. ICML 2022,
+    PMLR 162:15561-15583.
+
     Examples
     --------
     >>> import torch
@@ -118,8 +134,9 @@ class HopDC(PseudoSampling, Compensator):
     True
     """
 
+    _state_attributes = (*Compensator._state_attributes, "match_moments_", "keys_", "values_")
     name: ClassVar[str] = "hopdc"
-    #: ``recommended``: the constructor's defaults; ``paper``: the paper's HopDC.
+    #: ``recommended``: the constructor's defaults; ``paper``: the LR-RGDA paper's HopDC.
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "recommended": {},
         "paper": {"tau": 0.05, "topk": 400, "damping": 0.0, "match_moments": False},
@@ -135,14 +152,14 @@ class HopDC(PseudoSampling, Compensator):
 
     @classmethod
     def recommended(cls, **overrides) -> HopDC:
-        """gdacil's HopDC (the constructor's defaults): the paper's values, with moment-matched
-        pseudo-samples where ``n_samples > d`` (``match_moments="auto"``)."""
+        """gdacil's HopDC (the constructor's defaults): the LR-RGDA paper's values, with
+        moment-matched pseudo-samples where ``n_samples > d`` (``match_moments="auto"``)."""
         return cls.from_preset("recommended", **overrides)
 
     @classmethod
     def paper(cls, **overrides) -> HopDC:
-        """HopDC exactly as the paper specifies it: ``tau = 0.05``, ``topk = 400``, plain
-        pseudo-samples (``match_moments=False``), no damping."""
+        """HopDC exactly as the LR-RGDA paper specifies it: ``tau = 0.05``, ``topk = 400``,
+        plain pseudo-samples (``match_moments=False``), no damping."""
         return cls.from_preset("paper", **overrides)
 
     def _check_params(self) -> None:

@@ -11,6 +11,7 @@ import dataclasses
 from typing import ClassVar
 
 from .._validation import as_features, as_labels, check_positive_int
+from ..state import State, nest, part
 from ..stats import ClassGaussians
 from .base import Compensator, check_anchor_pairs
 
@@ -87,6 +88,23 @@ class Oracle(Compensator):
         self.stats_ = stats
         self.n_anchors_ = int(stats.counts.sum())
         self.dim_ = stats.dim
+        return self
+
+    def state_dict(self) -> State:
+        """The reference statistics (``stats_``, nested) and the fitted scalars."""
+        tensors, metadata = super().state_dict()
+        if "stats_" in self.__dict__:
+            nested, meta = nest({"stats_": self.stats_.state_dict()})
+            tensors, metadata = {**tensors, **nested}, {**metadata, **meta}
+        return tensors, metadata
+
+    def load_state_dict(self, tensors, metadata, *, source: str = "the state") -> Oracle:
+        own = {k: v for k, v in tensors.items() if not k.startswith("stats_.")}
+        super().load_state_dict(own, {k: v for k, v in metadata.items() if k != "stats_"},
+                                source=source)
+        if "stats_" in metadata:
+            stats = ClassGaussians.from_state(part((tensors, metadata), "stats_"), source=source)
+            self._set_reference(stats)
         return self
 
     def _fit(self, old, new) -> None:  # pragma: no cover - fit is overridden

@@ -6,16 +6,17 @@ This is the step HopDC and weak-nonlinear SLDC share: for every class ``c``,
     Z_c' = push(Z_c)
     mu_c' = mean(Z_c'),   Sigma_c' = (1/M) sum (z' - mu_c')(z' - mu_c')^T   (float64)
 
-with the paper's ``1/M`` normalisation (the reference code uses ``1/(M-1)``; the difference is a
-factor ``1 - 1/M``). Classes are processed ``class_batch`` at a time and written into a copy of the
-statistics, so peak memory is one block of samples, not all classes.
+with the ``1/M`` normalisation of the LR-RGDA paper [LR-RGDA] (the reference code uses
+``1/(M-1)``; the difference is a factor ``1 - 1/M``). Classes are processed ``class_batch`` at
+a time and written into a copy of the statistics, so peak memory is one block of samples, not
+all classes.
 
 Noise options:
 
 - ``shared_noise=True`` (the reference code's choice): one ``E`` for every class, drawn once per
   call (common random numbers). Otherwise one ``E_c`` per class, drawn in ``labels`` order, so the
   draws do not depend on ``class_batch``.
-- ``match_moments=True`` (not in the paper or the reference code): ``E`` is centred and whitened so
+- ``match_moments=True`` (not in [LR-RGDA] or the reference code): ``E`` is centred and whitened so
   that its sample mean is exactly 0 and its ``1/M`` sample covariance exactly ``I``. Then the
   pseudo-samples have exactly the stored mean and covariance, an affine ``push`` is reproduced
   exactly, and only the non-affine part of the map carries sampling error. Needs ``M > d``
@@ -81,7 +82,7 @@ def resample_moments(
         ``M``, pseudo-samples per class.
     damping : float in [0, 1]
         Fraction of the old moments kept: ``mu <- (1 - damping) mu' + damping mu``, likewise
-        ``Sigma``. The reference code's HopDC uses 0.1; the paper has none (0).
+        ``Sigma``. The reference code's HopDC uses 0.1; the LR-RGDA paper has none (0).
     """
     d = stats.dim
     out = stats.copy()

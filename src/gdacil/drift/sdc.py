@@ -1,4 +1,4 @@
-"""SDC: semantic drift compensation of class means (Yu et al., CVPR 2020).
+"""SDC: semantic drift compensation of class means (Yu et al., CVPR 2020 [SDC]).
 
 Each class mean moves by the Gaussian-kernel weighted average of the anchor drifts, weighted by
 the old-space distance between the anchor and the class mean::
@@ -45,6 +45,12 @@ class SDC(Compensator):
     dtype : {"float64", "float32"} or torch.dtype, default "float64"
         Precision of the kernel weights.
 
+    References
+    ----------
+    [SDC] L. Yu, B. Twardowski, X. Liu, L. Herranz, K. Wang, Y. Cheng, S. Jui and J. van de
+    Weijer. Semantic Drift Compensation for Class-Incremental Learning. IEEE/CVF Conference on
+    Computer Vision and Pattern Recognition (CVPR), 2020.
+
     Examples
     --------
     >>> import torch
@@ -58,6 +64,7 @@ class SDC(Compensator):
     (True, True)
     """
 
+    _state_attributes = (*Compensator._state_attributes, "keys_", "key_bias_", "values_")
     name: ClassVar[str] = "sdc"
 
     sigma: float = 0.3

@@ -1,5 +1,9 @@
 """SLDC baselines: a learned map from the old feature space to the new one.
 
+SLDC (Sequential Learning with Drift Compensation) is the method of Rao et al. [SLDC]; the
+LR-RGDA paper [LR-RGDA] compares HopDC against its linear variant, alpha1-SLDC (see
+docs/references.md).
+
 :class:`LinearSLDC` ("alpha1-SLDC") fits a ridge regression between L2-normalised anchor pairs::
 
     X = normalize(F_old), Y = normalize(F_new)              (N, d)
@@ -41,6 +45,7 @@ from typing import Any, ClassVar
 import torch
 
 from .._validation import check_nonnegative, check_positive_int
+from ..state import State
 from .base import Compensator, l2_normalize_rows, make_generator, resolve_dtype
 from .pseudo import PseudoSampling
 
@@ -59,7 +64,7 @@ class LinearSLDC(Compensator):
     """Linear drift map fitted by ridge regression on anchor pairs ("alpha1-SLDC").
 
     Two presets: ``recommended`` (the constructor's defaults) and ``paper`` (the reference code's
-    map, as the HopDC paper ran it: ``LinearSLDC.from_preset("paper")``, ``{name: sldc_linear,
+    map, as the LR-RGDA paper ran it: ``LinearSLDC.from_preset("paper")``, ``{name: sldc_linear,
     defaults: paper}`` in a config). They differ only in ``ridge_target`` (see
     :mod:`gdacil.drift.sldc` for the formulas and why).
 
@@ -92,6 +97,16 @@ class LinearSLDC(Compensator):
     shrinkage_ : float
         The identity weight ``w`` that was used (0 with ``shrink=False``).
 
+    References
+    ----------
+    [SLDC] X. Rao, S. Xu, Z. Li, B. Zhao, D. Liu, M. Ha and C. Alippi. Compensating Distribution
+    Drifts in Class-incremental Learning of Pre-trained Vision Transformers. AAAI 2026.
+    arXiv:2511.09926; https://github.com/raoxuan98-hash/sldc
+
+    [LR-RGDA] X. Rao, M. Ha, B. Zhao, D. Liu and C. Alippi. Scalable Analytic Classifiers with
+    Associative Drift Compensation for Class-Incremental Learning of Vision Transformers.
+    arXiv:2602.00144, 2026 (alpha1-SLDC as its drift baseline).
+
     Examples
     --------
     >>> import torch
@@ -109,6 +124,7 @@ class LinearSLDC(Compensator):
     True
     """
 
+    _state_attributes = (*Compensator._state_attributes, "ridge_", "shrinkage_", "W_")
     name: ClassVar[str] = "sldc_linear"
     #: ``recommended``: the constructor's defaults; ``paper``: the reference code's alpha1-SLDC.
     presets: ClassVar[dict[str, dict[str, Any]]] = {
@@ -244,6 +260,12 @@ class WeakNonlinearSLDC(PseudoSampling, Compensator):
     loss_ : float
         Training loss at the last step.
 
+    References
+    ----------
+    [SLDC] X. Rao, S. Xu, Z. Li, B. Zhao, D. Liu, M. Ha and C. Alippi. Compensating Distribution
+    Drifts in Class-incremental Learning of Pre-trained Vision Transformers. AAAI 2026.
+    arXiv:2511.09926 (the weakly nonlinear variant)
+
     Examples
     --------
     >>> import torch
@@ -261,6 +283,7 @@ class WeakNonlinearSLDC(PseudoSampling, Compensator):
     True
     """
 
+    _state_attributes = (*Compensator._state_attributes, "match_moments_", "loss_")
     name: ClassVar[str] = "sldc_weak"
 
     hidden: int | None = None
@@ -306,6 +329,28 @@ class WeakNonlinearSLDC(PseudoSampling, Compensator):
         model.requires_grad_(False)
         self.model_ = model
         self.loss_ = float(loss.detach())
+
+    def state_dict(self) -> State:
+        """The fitted scalars and the trained map's weights (``model_.<name>``)."""
+        tensors, metadata = super().state_dict()
+        if "model_" in self.__dict__:
+            tensors.update({f"model_.{k}": v for k, v in self.model_.state_dict().items()})
+        return tensors, metadata
+
+    def load_state_dict(self, tensors, metadata, *,
+                        source: str = "the state") -> WeakNonlinearSLDC:
+        tensors = dict(tensors)
+        weights = {k.removeprefix("model_."): tensors.pop(k) for k in list(tensors)
+                   if k.startswith("model_.")}
+        super().load_state_dict(tensors, metadata, source=source)
+        if weights:
+            d = int(metadata["attributes"]["dim_"])
+            dtype = resolve_dtype(self.dtype)
+            model = _GatedResidualMLP(d, self.hidden or d, make_generator(0), dtype,
+                                      torch.device("cpu"))
+            model.load_state_dict(weights)
+            self.model_ = model.requires_grad_(False)
+        return self
 
     def map_points(self, points) -> torch.Tensor:
         """The trained map applied to ``points`` (computed in ``dtype``, returned as float64)."""

@@ -47,7 +47,7 @@ def head_class(name: str) -> type[GaussianHead | MappedLinearHead]:
 def build_head(name: str, /, *, defaults: str | None = None,
                **params) -> GaussianHead | MappedLinearHead:
     """Instantiate the head registered as ``name`` (either kind) with ``params``; with
-    ``defaults="paper"``, from the paper's preset (``cls.paper(**params)``)."""
+    ``defaults="paper"``, from the LR-RGDA paper's preset (``cls.paper(**params)``)."""
     if defaults is None:
         return ALL_HEADS.build(name, **params)
     cls = head_class(name)

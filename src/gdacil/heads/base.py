@@ -24,19 +24,23 @@ import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
 
+from .._params import Params
 from .._validation import (
     as_device,
     as_dtype,
     as_features,
     check_positive_int,
+    dtype_name,
     finite_flag,
     first_nonfinite,
 )
 from ..errors import NotFittedError
+from ..state import State, Stateful, json_params
 from ..stats import ClassStatistics
 
 __all__ = ["GaussianHead", "ModelTerms", "NotFittedError", "checked_parameters", "finite_scores",
@@ -147,7 +151,7 @@ class ModelTerms:
         return cls(stats.average_covariance(), stats.n_classes, float(stats.counts.sum()))
 
 
-class GaussianHead(ABC):
+class GaussianHead(Params, Stateful, ABC):
     """Base class of the classifiers built from :class:`~gdacil.ClassGaussians`.
 
     Subclasses implement ``_build(stats, log_priors)`` returning ``(rows, bias, sign)``:
@@ -157,8 +161,8 @@ class GaussianHead(ABC):
     Parameters shared by every head
     -------------------------------
     priors : None, "empirical", array of shape (C,), or mapping label -> prior
-        Class priors. ``None`` (the paper's choice) means uniform; "empirical" uses the counts.
-        A mapping may also name classes still to come; the priors of the classes present are
+        Class priors. ``None`` (the LR-RGDA paper's choice) means uniform; "empirical" uses the
+        counts. A mapping may also name classes still to come; the priors of the classes present are
         renormalised. Priors (for a mapping, all its entries) that do not sum to 1 within
         ``1e-5`` are renormalised with a ``UserWarning``, as scikit-learn's LDA does.
     device : None, str or torch.device, default None
@@ -171,6 +175,9 @@ class GaussianHead(ABC):
         Classes per block, in building and in scoring; "auto" keeps the score buffer near 8 MiB
         (cache-sized) and the build buffers near 64 MiB.
     """
+
+    _state_attributes: ClassVar[tuple[str, ...]] = (
+        "classes_", "n_features_in_", "rows_", "bias_", "sign_", "dtype_", "device_")
 
     def __init__(self, *, priors=None, device=None, dtype="float64", class_batch_size="auto"):
         self.priors = priors
@@ -356,6 +363,42 @@ class GaussianHead(ABC):
             arg = finite_scores(self, self._scores64(X)).argmax(1)
         return self.classes_[arg.cpu()]
 
+    def top_k(self, X, k: int = 5, *, proba: bool = False):
+        """The ``k`` best classes of every sample, best first, as :meth:`decision_function`
+        ranks them, scored one block of classes at a time (no ``(n, C)`` score matrix).
+
+        Returns ``(scores, labels)``, each ``(n, k)``, and with ``proba`` also the
+        probabilities of those classes under the softmax over every class. Heads with a faster
+        exact ranking (LR-RGDA's pruned scoring) override it.
+        """
+        X = self._prepare(X)
+        k = check_positive_int(k, "k")
+        C = self.rows_.shape[0]
+        if k > C:
+            raise ValueError(f"k = {k} exceeds the number of classes ({C})")
+        offset = self._sample_offset(X)
+        best = torch.empty(X.shape[0], 0, dtype=self.dtype_, device=self.device_)
+        where = torch.empty(X.shape[0], 0, dtype=torch.long, device=self.device_)
+        total = torch.full((X.shape[0],), -torch.inf, dtype=self.dtype_, device=self.device_)
+        finite = torch.ones((), dtype=torch.bool, device=self.device_)
+        for start, stop, scores in self._score_blocks(X):
+            if offset is not None:
+                scores = scores + offset
+            finite &= finite_flag(scores)
+            columns = torch.arange(start, stop, device=self.device_).expand(X.shape[0], -1)
+            best, at = torch.cat([best, scores], 1).topk(min(k, best.shape[1] + stop - start), 1)
+            where = torch.cat([where, columns], 1).gather(1, at)
+            if proba:
+                total = torch.logaddexp(total, scores.logsumexp(1))
+        if not bool(finite):  # overflow in the head's dtype: the float64 fallback, densely
+            scores = self._decision(X)
+            best, where = scores.topk(k, dim=1)
+            total = scores.logsumexp(1)
+        labels = self.classes_[where.cpu()]
+        if not proba:
+            return best, labels
+        return best, labels, (best - total[:, None]).exp()
+
     def predict_log_proba(self, X) -> torch.Tensor:
         return torch.log_softmax(self.decision_function(X), dim=1)
 
@@ -382,14 +425,25 @@ class GaussianHead(ABC):
     def _extra_memory(self) -> dict[str, int]:
         return {}
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.get_params().items())})"
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> State:
+        """The fitted head: ``(tensors, metadata)`` with its parameters (:mod:`gdacil.state`).
+        A head loaded with it scores exactly as this one does."""
+        self._check_fitted()
+        tensors, metadata = super().state_dict()
+        return tensors, {**metadata, "params": json_params(self.get_params())}
 
-    def get_params(self) -> dict:
-        import inspect
+    def load_state_dict(self, tensors, metadata, *, source: str = "the state") -> GaussianHead:
+        attributes = dict(metadata.get("attributes", {}))
+        if "rows_" in tensors and "dtype_" not in attributes:  # stored before heads kept dtype_
+            attributes["dtype_"] = {"__torch_dtype__": dtype_name(tensors["rows_"].dtype)}
+        super().load_state_dict(tensors, {**metadata, "attributes": attributes}, source=source)
+        return self
 
-        names = [p for p in inspect.signature(type(self).__init__).parameters if p != "self"]
-        return {n: getattr(self, n) for n in names}
+    def bind(self, stats: ClassStatistics) -> GaussianHead:
+        """Tell a loaded head that ``stats`` (just loaded) are the statistics it was fitted on,
+        so the caches its state keeps apply to them at the next :meth:`fit`. Returns ``self``."""
+        return self
 
 
 def stack_rows(linear: torch.Tensor, linear_bias: torch.Tensor, quad=None, quad_bias=None):

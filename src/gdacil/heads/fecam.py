@@ -1,6 +1,6 @@
 """FeCAM: per-class Mahalanobis distance with shrunk, correlation-normalised covariances.
 
-FeCAM (Goswami et al., NeurIPS 2023) classifies by the smallest squared Mahalanobis distance
+FeCAM (Goswami et al., NeurIPS 2023 [FeCAM]) classifies by the smallest squared Mahalanobis distance
 ``(x - mu_c)^T R_c^{-1} (x - mu_c)``, with ``R_c`` built from the class covariance ``Sigma_c``:
 
 1. shrink: ``Sigma_c + alpha1 v_c I + alpha2 o_c (1 1^T - I)``, with ``v_c`` the mean diagonal
@@ -39,14 +39,13 @@ What differs from the published code, and why:
 
 from __future__ import annotations
 
-import os
+import warnings
 from typing import ClassVar
 
-import numpy as np
 import torch
 
-from .._validation import as_device, as_dtype, as_features, as_labels, check_nonnegative, dtype_name
-from ..io import load_tensors, save_tensors
+from .._validation import as_device, as_dtype, as_features, as_labels, check_nonnegative
+from ..state import State, json_params, nest, part
 from ..stats import ClassGaussians, ClassStatistics
 from .base import GaussianHead, NotFittedError, stack_rows
 from .mapped import DEFAULT_MAX_BYTES, check_budget
@@ -58,7 +57,7 @@ FECAM_PRESETS: dict[str, dict] = {
     "vit": {"alpha1": 1.0, "alpha2": 0.0, "l2": True},
     # ImageNet-R script
     "imagenet_r": {"alpha1": 10.0, "alpha2": 10.0, "l2": True},
-    # ResNet configuration: Tukey 0.5, the paper's unit shrinkage
+    # ResNet configuration: Tukey 0.5, the FeCAM paper's unit shrinkage [FeCAM]
     "resnet": {"alpha1": 1.0, "alpha2": 1.0, "tukey": 0.5},
 }
 
@@ -157,6 +156,13 @@ class FeCAM(GaussianHead):
     L2), ``"imagenet_r"`` (``alpha1 = alpha2 = 10``, L2), ``"resnet"`` (Tukey 0.5,
     ``alpha1 = alpha2 = 1``).
 
+    References
+    ----------
+    [FeCAM] D. Goswami, Y. Liu, B. Twardowski and J. van de Weijer. FeCAM: Exploiting the
+    Heterogeneity of Class Distributions in Exemplar-Free Continual Learning. Advances in Neural
+    Information Processing Systems 36 (NeurIPS 2023). arXiv:2309.14062;
+    https://github.com/dipamgoswami/FeCAM
+
     Examples
     --------
     >>> import torch
@@ -216,14 +222,22 @@ class FeCAM(GaussianHead):
         return X
 
     # ------------------------------------------------------------------ fitting
-    def fit(self, X, y=None) -> FeCAM:  # type: ignore[override]  # scikit-learn's fit(X, y)
-        """``fit(stats)``: :meth:`fit_stats`; ``fit(X, y)``: forget everything, then :meth:`partial_fit`."""
-        if y is None and isinstance(X, ClassStatistics):
-            return self.fit_stats(X)
+    def fit(self, stats, y=None, *, model_terms=None) -> FeCAM:
+        """Build from statistics, as every head is (:meth:`fit_stats`). Returns ``self``.
+
+        ``fit(X, y)`` on features is deprecated (features belong to the scikit-learn layer):
+        it still forgets everything and takes them with a ``FutureWarning``; use
+        ``FeCAM().partial_fit(X, y)`` or :class:`gdacil.sklearn.FeCAMClassifier`.
+        """
+        if y is None and isinstance(stats, ClassStatistics):
+            return self.fit_stats(stats)
         if y is None:
-            raise TypeError("FeCAM.fit takes statistics (a ClassStatistics) or features and labels")
+            raise TypeError("FeCAM.fit takes statistics (a ClassStatistics)")
+        warnings.warn("FeCAM.fit(X, y) is deprecated: heads are fitted on statistics; use "
+                      "FeCAM().partial_fit(X, y) or gdacil.sklearn.FeCAMClassifier",
+                      FutureWarning, stacklevel=2)
         self._reset()
-        return self.partial_fit(X, y)
+        return self.partial_fit(stats, y)
 
     def fit_stats(self, stats: ClassStatistics) -> FeCAM:
         """Build from statistics of transformed features (kept by reference, copied before any
@@ -263,7 +277,7 @@ class FeCAM(GaussianHead):
         """Fold a FeCAM fitted on another shard (same parameters) into ``self``. Returns ``self``."""
         if not isinstance(other, FeCAM):
             raise TypeError(f"cannot merge a {type(other).__name__} into a FeCAM")
-        if _params_json(other) != _params_json(self):
+        if json_params(other.get_params()) != json_params(self.get_params()):
             raise ValueError(f"cannot merge heads with different parameters: {other!r} into {self!r}")
         if getattr(other, "stats_", None) is not None:
             if getattr(self, "stats_", None) is not None and self.stats_.dim != other.stats_.dim:
@@ -316,7 +330,17 @@ class FeCAM(GaussianHead):
             self._built_ = current
 
     def _check_fitted(self) -> None:
+        if getattr(self, "stats_", None) is None:
+            raise NotFittedError("this FeCAM is not fitted yet; call fit(stats) first")
+
+    def build(self) -> FeCAM:
+        """Build the rows now (they are otherwise built on first use); returns ``self``."""
         self._ensure_built()
+        return self
+
+    def memory_report(self) -> dict[str, int]:
+        self.build()
+        return super().memory_report()
 
     def _prepare(self, X) -> torch.Tensor:
         self._ensure_built()
@@ -357,55 +381,23 @@ class FeCAM(GaussianHead):
     def _extra_memory(self) -> dict[str, int]:
         return {"stats": self.stats_.nbytes}
 
-    # ------------------------------------------------------------------ persistence
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the parameters and the statistics to one safetensors file (atomic; no pickle);
-        the rows are rebuilt from them on first use after :meth:`load`."""
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> State:
+        """The parameters and the statistics (the rows are rebuilt from them on first use after
+        :meth:`load_state_dict`)."""
         stats = getattr(self, "stats_", None)
         if stats is None:
-            raise NotFittedError("this FeCAM is not fitted yet; nothing to save")
-        tensors = {"stats.labels": torch.tensor(stats.classes, dtype=torch.int64)}
-        tensors.update({f"stats.{name.lstrip('_')}": getattr(stats, name)[: stats.n_classes]
-                        for name in stats._per_class})
-        tensors.update({f"stats.{name.lstrip('_')}": getattr(stats, name) for name in stats._shared})
-        meta = {"format": self._FORMAT, "params": _params_json(self),
-                "stats": {"format": stats._FORMAT, **stats._config()}}
-        save_tensors(path, tensors, meta)
+            raise NotFittedError("this FeCAM is not fitted yet; it has no state")
+        tensors, metadata = nest({"stats": stats.state_dict()})
+        return tensors, {"format": self._FORMAT, "class": type(self).__name__,
+                         "params": json_params(self.get_params()), **metadata}
 
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> FeCAM:
-        """Read a head written by :meth:`save`; the statistics are validated."""
-        tensors, meta = load_tensors(path)
-        if meta.get("format") != cls._FORMAT:
-            raise ValueError(f"{path}: not a FeCAM file (format {meta.get('format')!r})")
-        params = dict(meta["params"])
-        if isinstance(params.get("priors"), dict):
-            params["priors"] = {int(k): v for k, v in params["priors"].items()}
-        head = cls(**params)
-        head.stats_, head._owns_stats = _stats_from_tensors(tensors, meta["stats"], str(path)), True
-        head.n_features_in_ = head.stats_.dim
-        return head
-
-
-def _params_json(head) -> dict:
-    out = {}
-    for k, v in head.get_params().items():
-        if isinstance(v, torch.dtype):
-            v = dtype_name(v)
-        elif isinstance(v, torch.device):
-            v = str(v)
-        elif isinstance(v, (np.ndarray, torch.Tensor)):
-            v = v.tolist()
-        elif isinstance(v, dict):
-            v = {str(key): float(val) for key, val in v.items()}
-        out[k] = v
-    return out
-
-
-def _stats_from_tensors(tensors: dict, meta: dict, source: str) -> ClassStatistics:
-    config = dict(meta)
-    target = ClassStatistics._formats.get(config.pop("format", None))
-    if target is None:
-        raise ValueError(f"{source}: unknown statistics format {meta.get('format')!r}")
-    part = {k.removeprefix("stats."): v for k, v in tensors.items() if k.startswith("stats.")}
-    return target.from_tensors(part, config, source=source)
+    def load_state_dict(self, tensors, metadata, *, source: str = "the state") -> FeCAM:
+        """Take the statistics of a :meth:`state_dict` (validated); returns ``self``."""
+        if metadata.get("format") != self._FORMAT:
+            raise ValueError(f"{source}: not a FeCAM state (format {metadata.get('format')!r})")
+        self._reset()
+        self.stats_ = ClassStatistics.from_state(part((tensors, metadata), "stats"),
+                                                 source=source)
+        self._owns_stats, self.n_features_in_ = True, self.stats_.dim
+        return self

@@ -16,7 +16,7 @@ class LDA(GaussianHead):
 
     ``Sigma = (1 - shrinkage) Sigma_avg + shrinkage * t * I`` with ``t = tr(Sigma_avg) / d``
     (``shrinkage_target="scaled_identity"``, scikit-learn's ``shrinkage=float`` and gdacil's
-    default: predictions do not depend on the features' units) or ``t = 1`` (the paper's
+    default: predictions do not depend on the features' units) or ``t = 1`` (the LR-RGDA paper's
     appendix, ``"identity"``, :meth:`paper`). Scores are
     ``w_c^T x + b_c`` with ``w_c = Sigma^{-1} mu_c`` and
     ``b_c = -1/2 mu_c^T Sigma^{-1} mu_c + log pi_c``: log-posteriors up to the per-sample
@@ -25,10 +25,19 @@ class LDA(GaussianHead):
     Parameters
     ----------
     shrinkage : float in [0, 1], default 0.1
-        The paper's gamma (chosen by cross-validation from {0, 0.1, 0.2, 0.3}).
+        The LR-RGDA paper's gamma (chosen by cross-validation from {0, 0.1, 0.2, 0.3}).
     shrinkage_target : {"scaled_identity", "identity"}, default "scaled_identity"
     priors, device, dtype, class_batch_size
         See :class:`~gdacil.heads.base.GaussianHead`.
+
+    References
+    ----------
+    [Fisher] R. A. Fisher. The Use of Multiple Measurements in Taxonomic Problems. Annals of
+    Eugenics 7(2):179-188, 1936.
+
+    [LR-RGDA] X. Rao, M. Ha, B. Zhao, D. Liu and C. Alippi. Scalable Analytic Classifiers with
+    Associative Drift Compensation for Class-Incremental Learning of Vision Transformers.
+    arXiv:2602.00144, 2026 (the LDA baseline and its gamma).
 
     Examples
     --------
@@ -50,7 +59,7 @@ class LDA(GaussianHead):
 
     @classmethod
     def paper(cls, **params):
-        """The paper's setting: gamma = 0.1 towards the (absolute) identity."""
+        """The LR-RGDA paper's setting: gamma = 0.1 towards the (absolute) identity."""
         return cls(0.1, shrinkage_target="identity", **params)
 
     def _check_params(self) -> None:

@@ -1,5 +1,8 @@
 """LR-RGDA: RGDA whose class covariances are rank-r perturbations of a shared base.
 
+The model of Rao et al., the LR-RGDA paper [LR-RGDA] (docs/references.md lists this and every
+other work the docstrings cite by key), computed as follows.
+
 With ``B = alpha2 Sigma_avg + alpha3 u I`` (``u`` the unit of ``identity_scale``) and the top-r eigenpairs ``(U_c, s_c)`` of ``Sigma_c``,
 ``Sigma_c^reg ~= B + Ut_c Ut_c^T`` where ``Ut_c = sqrt(alpha1) U_c diag(sqrt(s_c))``. Woodbury and
 the matrix determinant lemma give, with ``M_c = I_r + Ut_c^T B^{-1} Ut_c``::
@@ -32,6 +35,7 @@ from .._hardware import native_bfloat16
 from .._validation import all_finite, check_positive_int, check_seed
 from ..linalg import class_top_eigh, logdet_from_cholesky, psd_cholesky, symmetrize
 from ..lowrank_stats import LowRankGaussians
+from ..state import State
 from ..stats import ClassStatistics
 from .base import GaussianHead
 from .rgda import (
@@ -109,22 +113,25 @@ def _mahalanobis(sq_norm: torch.Tensor, lin: torch.Tensor, offset: torch.Tensor)
     return torch.add(offset, lin, alpha=-2.0).add_(sq_norm).clamp_min_(0.0)
 
 
+_EIG_U, _EIG_S = "_eig_cache.U", "_eig_cache.s"  # names kept from the first stored heads
+
+
 class LRRGDA(GaussianHead):
-    """Low-rank regularised Gaussian discriminant analysis (the paper's LR-RGDA).
+    """Low-rank regularised Gaussian discriminant analysis (LR-RGDA, Rao et al. [LR-RGDA]).
 
     Parameters
     ----------
     rank : int, default 64
         Rank ``r`` of each class's covariance perturbation (``r = d`` reproduces :class:`RGDA`).
     alpha1, alpha2, alpha3 : float >= 0, default (0.1, 2.0, 0.6)
-        gdacil's defaults (:data:`~gdacil.heads.rgda.DEFAULT_ALPHAS`; the paper's are (0.2, 2.0,
-        0.5) with an absolute identity term, :meth:`paper`). ``alpha2 Sigma_avg + alpha3 u I``
-        must be positive definite (``alpha3 > 0`` guarantees it).
+        gdacil's defaults (:data:`~gdacil.heads.rgda.DEFAULT_ALPHAS`; the LR-RGDA paper's are
+        (0.2, 2.0, 0.5) with an absolute identity term, :meth:`paper`).
+        ``alpha2 Sigma_avg + alpha3 u I`` must be positive definite (``alpha3 > 0`` guarantees it).
     identity_scale : {"samples", "trace", "absolute"}, default "samples"
         The unit ``u`` of the identity term: ``tr(Sigma_avg) / (N - C)`` for ``N`` samples of
         ``C`` classes (a ridge that shrinks as samples accumulate), ``tr(Sigma_avg) / d``, or 1
-        (the paper's). The first two make predictions independent of the features' units (raw,
-        LayerNorm or L2-normalised). See :data:`~gdacil.heads.rgda.IDENTITY_SCALES`.
+        (the LR-RGDA paper's). The first two make predictions independent of the features' units
+        (raw, LayerNorm or L2-normalised). See :data:`~gdacil.heads.rgda.IDENTITY_SCALES`.
     decomposition : {"eigh", "randomized"}, default "eigh"
         How the top-r eigenpairs of each ``Sigma_c`` are found: an exact symmetric
         eigendecomposition, or seeded randomized subspace iteration with ``oversample`` extra
@@ -151,6 +158,17 @@ class LRRGDA(GaussianHead):
     terms that depend on ``B`` (which moves with ``Sigma_avg``) are recomputed for all classes,
     which costs ``O(C d^2 r)`` in GEMMs: in float64 for float64 heads, in float32 (twice as
     fast) for heads stored in a lower precision. Eigendecompositions always run in float64.
+
+    References
+    ----------
+    [LR-RGDA] X. Rao, M. Ha, B. Zhao, D. Liu and C. Alippi. Scalable Analytic Classifiers with
+    Associative Drift Compensation for Class-Incremental Learning of Vision Transformers.
+    arXiv:2602.00144, 2026.
+
+    [Woodbury] W. W. Hager. Updating the Inverse of a Matrix. SIAM Review 31(2):221-239, 1989.
+
+    [RSVD] N. Halko, P.-G. Martinsson and J. A. Tropp. Finding Structure with Randomness.
+    SIAM Review 53(2):217-288, 2011 (``decomposition="randomized"``).
 
     Examples
     --------
@@ -190,8 +208,12 @@ class LRRGDA(GaussianHead):
 
     @classmethod
     def paper(cls, rank=64, **params):
-        """The paper's setting: alphas (0.2, 2.0, 0.5) with an absolute identity term."""
+        """The LR-RGDA paper's setting: alphas (0.2, 2.0, 0.5) with an absolute identity term."""
         return cls(rank, *PAPER_ALPHAS, identity_scale="absolute", **params)
+
+    _state_attributes = (*GaussianHead._state_attributes, "identity_scale_", "n_decomposed_",
+                         "kappa_", "mean_precision_", "base_whitener_", "center_",
+                         "linear_bias_")
 
     def _check_params(self) -> None:
         super()._check_params()
@@ -203,6 +225,46 @@ class LRRGDA(GaussianHead):
         check_positive_int(self.oversample, "oversample", minimum=0)
         check_positive_int(self.n_iter, "n_iter", minimum=0)
         check_seed(self.seed)
+
+    # ------------------------------------------------------------ state
+    def state_dict(self) -> State:
+        """The fitted head and, when current, the eigenpairs of every class (recomputing them is
+        what makes a refit slow: stored, the first fit after loading decomposes only the classes
+        that changed)."""
+        tensors, metadata = super().state_dict()
+        cache, key = self.__dict__.get("_eig_cache"), self.__dict__.get("_eig_cache_key")
+        if (isinstance(cache, dict) and key and key[0] in ("eigh", "randomized")
+                and list(cache) == self.classes_.tolist()):
+            pairs = list(cache.values())
+            tensors[_EIG_U] = torch.stack([p[1] for p in pairs]).cpu().contiguous()
+            tensors[_EIG_S] = torch.stack([p[2] for p in pairs]).cpu().contiguous()
+            metadata["eigenpairs"] = list(key)
+        return tensors, metadata
+
+    def load_state_dict(self, tensors, metadata, *, source: str = "the state") -> LRRGDA:
+        tensors = dict(tensors)
+        U, s = tensors.pop(_EIG_U, None), tensors.pop(_EIG_S, None)
+        super().load_state_dict(tensors, metadata, source=source)
+        key = metadata.get("eigenpairs")
+        self._stored_eigenpairs = (U, s, tuple(key)) if U is not None and s is not None and key \
+            else None
+        return self
+
+    def bind(self, stats: ClassStatistics) -> LRRGDA:
+        """Take the stored eigenpairs as those of ``stats``, the statistics this head was fitted
+        on (unless they were computed another way: another rank or method)."""
+        stored = self.__dict__.pop("_stored_eigenpairs", None)
+        if stored is None:
+            return self
+        U, s, key = stored
+        if (key != self._decomposition_key(stats.dim) or stats.classes != self.classes_.tolist()
+                or not U.shape[0] == s.shape[0] == stats.n_classes):
+            return self
+        U, s = U.to(self.device_, copy=True), s.to(self.device_, copy=True)
+        self._eig_cache = {c: (stats.revision(c), U[i], s[i])
+                           for i, c in enumerate(stats.classes)}
+        self._eig_cache_key = key
+        return self
 
     # ------------------------------------------------------------ eigenpairs
     def _decomposition_key(self, dim: int) -> tuple:
@@ -327,7 +389,7 @@ class LRRGDA(GaussianHead):
         return super().predict(X)
 
     # ------------------------------------------------------- pruned inference
-    def top_k(self, X, k: int = 5, *, pruned="auto", screen_rank: int = 8,
+    def top_k(self, X, k: int = 5, *, proba: bool = False, pruned="auto", screen_rank: int = 8,
               screen_dtype="auto", sample_batch: int = 2048):
         """The ``k`` best classes of every sample and their scores, exactly as the dense scores rank them.
 
@@ -357,6 +419,10 @@ class LRRGDA(GaussianHead):
         ----------
         X : array-like ``(n, d)``
         k : int, default 5
+        proba : bool, default False
+            Also return the probabilities of the ``k`` classes (softmax over every class). Their
+            normaliser needs every class's exact score, so this scores densely
+            (:meth:`GaussianHead.top_k`), whatever ``pruned`` says.
         pruned : "auto" or bool, default "auto"
             ``True`` prunes every sample batch, ``False`` scores every class densely. "auto"
             scores heads of fewer than ``AUTO_MIN_CLASSES`` classes densely; on larger ones it
@@ -371,7 +437,7 @@ class LRRGDA(GaussianHead):
         screen_rank : int, default 8
             Quadratic rows per class in the screening pass. On ``gdacil bench scale``'s 2,000
             classes the pruned argmax ran at 1.4-1.7x dense with 8 (1.3-1.7x with 4) under the
-            default regularisation, and at 4.0x (2.6x) under the paper's.
+            default regularisation, and at 4.0x (2.6x) under the LR-RGDA paper's.
         screen_dtype : "auto", torch.dtype or str, default "auto"
             Precision of the screening's quadratic rows: the head's dtype, or on CPU a lower one
             (``float32`` under a float64 head, ``bfloat16`` under a float32 head). "auto" picks
@@ -381,7 +447,8 @@ class LRRGDA(GaussianHead):
 
         Returns
         -------
-        scores : tensor ``(n, k)``, labels : int64 tensor ``(n, k)``; best first.
+        scores : tensor ``(n, k)``, labels : int64 tensor ``(n, k)``; best first (and the
+        probabilities ``(n, k)`` with ``proba``).
         ``last_pruning_`` reports the fraction of (sample, class) pairs that passed screening,
         of classes any sample needed, of the dense pass's (sample, class, row) products
         computed, the screening rank and dtype, the mode ("pruned" or "dense"), and whether
@@ -393,6 +460,8 @@ class LRRGDA(GaussianHead):
         densely as :meth:`decision_function` does (in float64, scores then shifted by their
         per-sample maximum; a ``ValueError`` if even those are NaN or inf).
         """
+        if proba:
+            return super().top_k(X, k, proba=True)
         X = self._prepare(X)
         k = check_positive_int(k, "k")
         C, rows_per_class, _ = self.rows_.shape

@@ -15,24 +15,23 @@ are regenerated from its seed; nothing is pickled.
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 import torch
 
+from .._params import Params
 from .._validation import (
     all_finite,
     as_dtype,
     as_features,
     as_labels,
     check_positive_int,
-    dtype_name,
     finite_flag,
 )
 from ..feature_maps import FeatureMap
-from ..io import load_tensors, save_tensors
 from ..pooled_stats import PooledGaussians
+from ..state import State, Stateful, json_params
 from .base import NotFittedError, checked_parameters, finite_scores, rescaled_scores
 
 __all__ = ["DEFAULT_MAX_BYTES", "MappedLinearHead", "check_budget"]
@@ -53,7 +52,7 @@ def check_budget(head, needed: int) -> None:
         )
 
 
-class MappedLinearHead(ABC):
+class MappedLinearHead(Params, Stateful, ABC):
     """Base class of the streaming heads ``g_c(x) = w_c^T phi(x) + b_c``.
 
     Subclasses implement ``_make_map(dim_in)``, ``_solve(stats)`` returning ``(W, b)`` (float64,
@@ -73,12 +72,6 @@ class MappedLinearHead(ABC):
     """
 
     _FORMAT: ClassVar[str] = ""
-    _formats: ClassVar[dict[str, type[MappedLinearHead]]] = {}
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if cls.__dict__.get("_FORMAT"):
-            MappedLinearHead._formats[cls._FORMAT] = cls
 
     def __init__(self, *, dtype="float64", max_bytes=DEFAULT_MAX_BYTES):
         self.dtype = dtype
@@ -198,7 +191,7 @@ class MappedLinearHead(ABC):
         """
         if type(other) is not type(self):
             raise TypeError(f"cannot merge a {type(other).__name__} into a {type(self).__name__}")
-        if _jsonable(other.get_params()) != _jsonable(self.get_params()):
+        if json_params(other.get_params()) != json_params(self.get_params()):
             raise ValueError(f"cannot merge heads with different parameters: {other!r} into {self!r}")
         if not hasattr(other, "stats_"):
             return self
@@ -313,69 +306,44 @@ class MappedLinearHead(ABC):
         report["total"] = sum(report.values())
         return report
 
-    # ------------------------------------------------------------------ persistence
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the head to one safetensors file (statistics, solved weights, JSON config)."""
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> State:
+        """The pooled statistics of the mapped features, the solved weights, the map and the
+        fitted scalars (:mod:`gdacil.state`)."""
         if not hasattr(self, "stats_"):
-            raise NotFittedError(f"this {type(self).__name__} is not fitted yet; nothing to save")
+            raise NotFittedError(f"this {type(self).__name__} is not fitted yet; it has no state")
         self._ensure_solved()
         tensors = {f"stats.{k}": v for k, v in self.stats_.state_dict().items()}
         tensors.update({"coef": self.coef_, "intercept": self.intercept_})
-        meta = {"format": self._FORMAT, "params": _jsonable(self.get_params()), "feature_map": self.feature_map_.to_dict(),
-                "state": self._fitted_state()}
-        save_tensors(path, tensors, meta)
+        return tensors, {"format": self._FORMAT, "class": type(self).__name__,
+                         "params": json_params(self.get_params()),
+                         "feature_map": self.feature_map_.to_dict(),
+                         "state": self._fitted_state()}
 
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> MappedLinearHead:
-        """Read a head written by :meth:`save` (``MappedLinearHead.load`` reads any of them)."""
-        tensors, meta = load_tensors(path)
-        fmt: Any = meta.get("format")  # any JSON value in a file's metadata
-        target = MappedLinearHead._formats.get(fmt) if isinstance(fmt, str) else None
-        if target is None or (cls is not MappedLinearHead and target is not cls):
-            raise ValueError(f"{path}: not a {cls.__name__} file (format {fmt!r})")
-        params = dict(meta["params"])
-        if isinstance(params.get("priors"), dict):  # JSON keys are strings; labels are ints
-            params["priors"] = {int(k): v for k, v in params["priors"].items()}
-        head = target(**params)
+    def load_state_dict(self, tensors, metadata, *,
+                        source: str = "the state") -> MappedLinearHead:
+        """Set a :meth:`state_dict` (validated) on this head; returns ``self``."""
+        if metadata.get("format") != self._FORMAT:
+            raise ValueError(f"{source}: not a {type(self).__name__} state (format "
+                             f"{metadata.get('format')!r})")
         stats = PooledGaussians.from_state_dict(
             {k.removeprefix("stats."): v for k, v in tensors.items() if k.startswith("stats.")},
-            source=str(path))
-        fmap = FeatureMap.from_dict(meta["feature_map"])
+            source=source)
+        fmap = FeatureMap.from_dict(metadata["feature_map"])
         if fmap.dim_out != stats.dim:
-            raise ValueError(f"{path}: the feature map's dimension {fmap.dim_out} does not match "
-                             f"the statistics' {stats.dim}")
-        head._adopt(fmap, stats)
-        head._restore_state(meta.get("state", {}))
+            raise ValueError(f"{source}: the feature map's dimension {fmap.dim_out} does not match the "
+                             f"statistics' {stats.dim}")
         coef, intercept = tensors["coef"], tensors["intercept"]
         if coef.shape != (stats.n_classes, stats.dim) or intercept.shape != (stats.n_classes,):
-            raise ValueError(f"{path}: solved weights of shape {tuple(coef.shape)} do not match "
+            raise ValueError(f"{source}: solved weights of shape {tuple(coef.shape)} do not match "
                              f"{stats.n_classes} classes in dimension {stats.dim}")
         if not (all_finite(coef) and all_finite(intercept)):
-            raise ValueError(f"{path}: the solved weights contain NaN or inf")
-        head._set_weights(coef, intercept)
-        return head
-
-    # ------------------------------------------------------------------ params
-    def get_params(self) -> dict:
-        import inspect
-
-        names = [p for p in inspect.signature(type(self).__init__).parameters if p != "self"]
-        return {n: getattr(self, n) for n in names}
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.get_params().items())})"
-
-
-def _jsonable(value):
-    if isinstance(value, torch.dtype):
-        return dtype_name(value)
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    return value
+            raise ValueError(f"{source}: the solved weights contain NaN or inf")
+        self._reset()
+        self._adopt(fmap, stats)
+        self._restore_state(metadata.get("state", {}))
+        self._set_weights(coef, intercept)
+        return self
 
 
 def _settings(fmap: FeatureMap) -> dict:

@@ -19,6 +19,12 @@ class NCM(GaussianHead):
     priors, device, dtype, class_batch_size
         See :class:`~gdacil.heads.base.GaussianHead`.
 
+    References
+    ----------
+    [NCM] T. Mensink, J. Verbeek, F. Perronnin and G. Csurka. Distance-Based Image
+    Classification: Generalizing to New Classes at Near-Zero Cost. IEEE Transactions on Pattern
+    Analysis and Machine Intelligence 35(11):2624-2637, 2013. doi:10.1109/TPAMI.2013.83
+
     Examples
     --------
     >>> import torch

@@ -1,5 +1,7 @@
 """LDA on random Fourier features with one OAS-shrunk covariance (KLDA, RanDumb).
 
+The RBF-LDA anchor head: KLDA [KLDA] and RanDumb [RanDumb] (see docs/references.md).
+
 ``z = sqrt(2/D) cos(x Omega + b)`` (:class:`~gdacil.feature_maps.RandomFourier`) approximates an
 RBF kernel; LDA in that space is a kernel classifier with closed-form, exactly incremental
 statistics: class counts and means and one pooled within-class scatter
@@ -89,6 +91,21 @@ class RBFLDA(MappedLinearHead):
     Memory: ``8 D^2`` bytes of pooled scatter (0.2 GB at ``D = 5000``) whatever the number of
     classes, ``8 D C`` of means and as much of weights (0.04 GB each at 1k classes, 0.4 GB at
     10k), and ``16 D^2`` transiently per solve (``D^3 / 3`` flops).
+
+    References
+    ----------
+    [KLDA] S. Momeni, S. Mazumder and B. Liu. Continual Learning Using a Kernel-Based Method Over
+    Foundation Models. AAAI 2025. arXiv:2412.15571
+
+    [RanDumb] A. Prabhu, S. Sinha, P. Kumaraguru, P. H. S. Torr, O. Sener and P. K. Dokania.
+    Random Representations Outperform Online Continually Learned Representations. Advances in
+    Neural Information Processing Systems (NeurIPS 2024). arXiv:2402.08823
+
+    [RFF] A. Rahimi and B. Recht. Random Features for Large-Scale Kernel Machines. Advances in
+    Neural Information Processing Systems 20 (NIPS 2007).
+
+    [OAS] Y. Chen, A. Wiesel, Y. C. Eldar and A. O. Hero. Shrinkage Algorithms for MMSE
+    Covariance Estimation. IEEE Transactions on Signal Processing 58(10):5016-5029, 2010.
 
     Examples
     --------

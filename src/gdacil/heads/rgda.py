@@ -1,4 +1,8 @@
-"""Full regularised Gaussian discriminant analysis (RGDA), and QDA as its special case."""
+"""Full regularised Gaussian discriminant analysis (RGDA), and QDA as its special case.
+
+RGDA is the full-rank classifier of the LR-RGDA paper [LR-RGDA] (see docs/references.md), whose
+covariance belongs to the family of Friedman's regularized discriminant analysis [RDA].
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ __all__ = ["DEFAULT_ALPHAS", "IDENTITY_SCALES", "QDA", "RGDA", "identity_scale",
 
 PAPER_ALPHAS = (0.2, 2.0, 0.5)
 #: gdacil's defaults (with ``identity_scale="samples"``), chosen by ``gdacil bench defaults``
-#: over four offline feature sets in three scalings: a smaller class share than the paper's
+#: over four offline feature sets in three scalings: a smaller class share than the LR-RGDA paper's
 #: (``alpha1 / (alpha1 + alpha2)`` 0.048 against 0.091) and an identity term that shrinks as
 #: samples accumulate
 DEFAULT_ALPHAS = (0.1, 2.0, 0.6)
@@ -28,7 +32,7 @@ DEFAULT_ALPHAS = (0.1, 2.0, 0.6)
 #:   the true ones (Marchenko-Pastur), which is what the ridge corrects: it shrinks as samples
 #:   accumulate and grows with the dimension;
 #: - ``"trace"``: in units of ``tr(Sigma_avg) / d`` alone;
-#: - ``"absolute"`` (the paper's): as given.
+#: - ``"absolute"`` (the LR-RGDA paper's): as given.
 #:
 #: The first two give the same predictions when every feature is multiplied by a constant.
 IDENTITY_SCALES = ("samples", "trace", "absolute")
@@ -103,16 +107,25 @@ class RGDA(GaussianHead):
     Parameters
     ----------
     alpha1, alpha2, alpha3 : float >= 0, default (0.1, 2.0, 0.6)
-        gdacil's defaults (:data:`DEFAULT_ALPHAS`); the paper's are (0.2, 2.0, 0.5) with an
+        gdacil's defaults (:data:`DEFAULT_ALPHAS`); the LR-RGDA paper's are (0.2, 2.0, 0.5) with an
         absolute identity term (:meth:`paper`).
     identity_scale : {"samples", "trace", "absolute"}, default "samples"
         The unit ``u`` of the identity term. ``"samples"`` is ``tr(Sigma_avg) / (N - C)``, a
         ridge that follows the features' units and shrinks as samples accumulate; ``"trace"``
         is ``tr(Sigma_avg) / d``; both give the same predictions on features in any units (raw,
-        LayerNorm, L2-normalised). ``"absolute"`` is ``u = 1``, as the paper. See
+        LayerNorm, L2-normalised). ``"absolute"`` is ``u = 1``, as in the LR-RGDA paper. See
         :data:`IDENTITY_SCALES`.
     priors, device, dtype, class_batch_size
         See :class:`~gdacil.heads.base.GaussianHead`.
+
+    References
+    ----------
+    [LR-RGDA] X. Rao, M. Ha, B. Zhao, D. Liu and C. Alippi. Scalable Analytic Classifiers with
+    Associative Drift Compensation for Class-Incremental Learning of Vision Transformers.
+    arXiv:2602.00144, 2026.
+
+    [RDA] J. H. Friedman. Regularized Discriminant Analysis. Journal of the American Statistical
+    Association 84(405):165-175, 1989.
 
     Examples
     --------
@@ -126,6 +139,8 @@ class RGDA(GaussianHead):
     torch.Size([2, 3])
     """
 
+    _state_attributes = (*GaussianHead._state_attributes, "identity_scale_")
+
     def __init__(self, alpha1=DEFAULT_ALPHAS[0], alpha2=DEFAULT_ALPHAS[1],
                  alpha3=DEFAULT_ALPHAS[2], *, identity_scale="samples", priors=None, device=None,
                  dtype="float64", class_batch_size="auto"):
@@ -137,7 +152,7 @@ class RGDA(GaussianHead):
 
     @classmethod
     def paper(cls, **params):
-        """The paper's setting: alphas (0.2, 2.0, 0.5) with an absolute identity term."""
+        """The LR-RGDA paper's setting: alphas (0.2, 2.0, 0.5) with an absolute identity term."""
         return cls(*PAPER_ALPHAS, identity_scale="absolute", **params)
 
     def _alphas(self) -> tuple[float, float, float]:
@@ -177,6 +192,14 @@ class QDA(RGDA):
     features' units)
     (scikit-learn >= 1.8 estimates class covariances with ``1/n``, i.e. statistics with
     ``ddof=0``; older releases used ``1/(n-1)``).
+
+    References
+    ----------
+    [RDA] J. H. Friedman. Regularized Discriminant Analysis. Journal of the American Statistical
+    Association 84(405):165-175, 1989 (QDA and its regularisation).
+
+    [sklearn] F. Pedregosa et al. Scikit-learn: Machine Learning in Python. Journal of Machine
+    Learning Research 12:2825-2830, 2011 (``QuadraticDiscriminantAnalysis``).
 
     Examples
     --------

@@ -119,6 +119,13 @@ class RanPAC(RidgeHead):
     a solve ``M^3 / 3`` (tens of seconds at ``M = 10000`` on one core), choosing ``lam``
     ``n_train^2 M`` plus one ``min(M, n_train)``-order eigendecomposition.
 
+    References
+    ----------
+    [RanPAC] M. D. McDonnell, D. Gong, A. Parvaneh, E. Abbasnejad and A. van den Hengel. RanPAC:
+    Random Projections and Pre-trained Models for Continual Learning. Advances in Neural
+    Information Processing Systems 36 (NeurIPS 2023). arXiv:2307.02251;
+    https://github.com/McDonnell-Research-Lab/RanPAC
+
     Examples
     --------
     >>> import torch
@@ -211,6 +218,15 @@ class ACIL(RidgeHead):
     Memory: ``8 M^2`` bytes for ``G`` (0.54 GB at ``M = 8192``) whatever the number of classes,
     ``8 M C`` for the means and as much for the weights (0.07 GB each at 1k classes, 0.66 GB at
     10k), and ``16 M^2`` transiently per solve.
+
+    References
+    ----------
+    [ACIL] H. Zhuang, Z. Weng, H. Wei, R. Xie, K.-A. Toh and Z. Lin. ACIL: Analytic
+    Class-Incremental Learning with Absolute Memorization and Privacy Protection. Advances in
+    Neural Information Processing Systems (NeurIPS 2022). arXiv:2205.14922;
+    https://github.com/ZHUANGHP/Analytic-continual-learning
+
+    [Woodbury] W. W. Hager. Updating the Inverse of a Matrix. SIAM Review 31(2):221-239, 1989.
 
     Examples
     --------

@@ -16,7 +16,9 @@ __all__ = ["SGDHead"]
 class SGDHead(GaussianHead):
     """Linear classifier trained on pseudo-features drawn from ``N(mu_c, Sigma_c)``.
 
-    The schedule follows the paper's classifier-construction appendix: ``samples_per_class``
+    The schedule follows the LR-RGDA paper's classifier-construction appendix [LR-RGDA] (the
+    approach, a classifier aligned on sampled pseudo-features, is SLCA's [SLCA]):
+    ``samples_per_class``
     pseudo-features per class, ``T = base_steps + steps_per_class * C`` AdamW steps on minibatches
     of ``batch_size`` (learning rate ``lr``, weight decay ``weight_decay``), cosine-annealed to
     ``min_lr``; the pool is redrawn every ``resample_every`` steps. Early stopping ends training
@@ -70,22 +72,18 @@ class SGDHead(GaussianHead):
     True
     """
 
+    _state_attributes = (*GaussianHead._state_attributes, "loss_curve_", "n_steps_")
+
     @renamed_parameters(random_state="seed")
     def __init__(self, *, samples_per_class=256, base_steps=5000, steps_per_class=4, batch_size=128,
                  lr=1e-3, min_lr=1e-4, weight_decay=1e-4, resample_every=1000, patience=100,
                  ema=0.99, seed=0, priors=None, device=None, dtype="float64",
                  class_batch_size="auto"):
         super().__init__(priors=priors, device=device, dtype=dtype, class_batch_size=class_batch_size)
-        self.samples_per_class = samples_per_class
-        self.base_steps = base_steps
-        self.steps_per_class = steps_per_class
-        self.batch_size = batch_size
-        self.lr = lr
-        self.min_lr = min_lr
-        self.weight_decay = weight_decay
-        self.resample_every = resample_every
-        self.patience = patience
-        self.ema = ema
+        self.samples_per_class, self.base_steps = samples_per_class, base_steps
+        self.steps_per_class, self.batch_size = steps_per_class, batch_size
+        self.lr, self.min_lr, self.weight_decay = lr, min_lr, weight_decay
+        self.resample_every, self.patience, self.ema = resample_every, patience, ema
         self.seed = seed
 
     def _check_params(self) -> None:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import re
@@ -49,7 +48,7 @@ from pathlib import Path, PurePosixPath
 from typing import cast
 
 from .. import __version__
-from ..hashing import sha256_json
+from ..hashing import file_sha256, sha256_bytes, sha256_json
 from ..io import (
     TEMP_NAME,
     CorruptFileError,
@@ -92,12 +91,8 @@ class BundleError(ValueError):
     another writer since it was read."""
 
 
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+#: Hex sha256 of a file's bytes (:func:`gdacil.hashing.file_sha256`)
+sha256_file = file_sha256
 
 
 def _number(name: str) -> int:
@@ -367,7 +362,7 @@ class VersionWriter:
 
     def write_bytes(self, relative: str, data: bytes) -> None:
         target = self._target(relative)
-        digest = hashlib.sha256(data).hexdigest()
+        digest = sha256_bytes(data)
         if not self._link_parent(relative, digest, target):
             _write_file(target, data)
         self.files[relative] = digest

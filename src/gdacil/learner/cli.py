@@ -114,27 +114,10 @@ def learner_commands(sub) -> None:
     serve.add_argument("--allow-learn", action="store_true",
                        help="accept POST /learn (anyone who can reach the server can then "
                             "change the model)")
-    serve.add_argument("--max-batch", type=positive_int, default=64, metavar="N",
-                       help="most inputs of concurrent requests answered together (default: 64)")
-    serve.add_argument("--max-inputs", type=positive_int, default=256, metavar="N",
-                       help="most inputs in one request (default: 256)")
-    serve.add_argument("--max-body-mb", type=body_mb, default=32, metavar="MB",
-                       help="largest request body in MiB (default: 32)")
-    serve.add_argument("--max-pixels", type=positive_int, default=40_000_000, metavar="N",
-                       help="largest image in pixels, checked before decoding (default: "
-                            "40000000)")
-    serve.add_argument("--max-queue", type=positive_int, default=1024, metavar="N",
-                       help="most inputs waiting; a request beyond is answered 503 (default: "
-                            "1024)")
-    serve.add_argument("--timeout", type=positive_seconds, default=60.0, metavar="S",
-                       help="seconds a request may wait for its answer, else 503 (default: 60)")
-    serve.add_argument("--batch-seconds", type=positive_seconds, default=0.3, metavar="S",
-                       help="about how long one shared forward pass may take (default: 0.3)")
-    serve.add_argument("--max-connections", type=positive_int, default=256, metavar="N",
-                       help="connections beyond are answered 503 (default: 256)")
-    serve.add_argument("--poll", type=nonnegative_seconds, default=1.0, metavar="S",
-                       help="seconds between checks for versions saved by other commands; "
-                            "0: never (default: 1)")
+    for flag, kind, default, metavar, text in _SERVE_LIMITS:
+        shown = f"{default:g}" if isinstance(default, float) else default
+        serve.add_argument(flag, type=kind, default=default, metavar=metavar,
+                           help=f"{text} (default: {shown})")
     serve.add_argument("--log-level", default="info",
                        choices=("critical", "error", "warning", "info", "debug"))
     serve.set_defaults(func=_serve)
@@ -184,6 +167,24 @@ port = _checked(_integer, lambda v: 0 <= v <= 65535, "a port from 0 (any free on
 positive_seconds = _checked(_number, lambda v: v > 0, "a number of seconds > 0")
 nonnegative_seconds = _checked(_number, lambda v: v >= 0, "a number of seconds >= 0")
 body_mb = _checked(_number, lambda v: v * (1 << 20) >= 1, "a size in MiB of at least one byte")
+
+#: ``gdacil serve``'s limits: flag, type, default, metavar and help (the default is appended)
+_SERVE_LIMITS = (
+    ("--max-batch", positive_int, 64, "N", "most inputs of concurrent requests answered together"),
+    ("--max-inputs", positive_int, 256, "N", "most inputs in one request"),
+    ("--max-body-mb", body_mb, 32, "MB", "largest request body in MiB"),
+    ("--max-pixels", positive_int, 40_000_000, "N",
+     "largest image in pixels, checked before decoding"),
+    ("--max-queue", positive_int, 1024, "N",
+     "most inputs waiting; a request beyond is answered 503"),
+    ("--timeout", positive_seconds, 60.0, "S",
+     "seconds a request may wait for its answer, else 503"),
+    ("--batch-seconds", positive_seconds, 0.3, "S",
+     "about how long one shared forward pass may take"),
+    ("--max-connections", positive_int, 256, "N", "connections beyond are answered 503"),
+    ("--poll", nonnegative_seconds, 1.0, "S",
+     "seconds between checks for versions saved by other commands; 0: never"),
+)
 
 
 def _progress() -> bool:
@@ -314,8 +315,9 @@ def _predict(args) -> int:
         writer = csv.writer(sys.stdout, lineterminator="\n")
         writer.writerow(["input", "rank", "class", "score", "probability"])
         for x, p in zip(inputs, predictions):
-            for rank, (c, s, q) in enumerate(zip(p.classes, p.scores, p.probabilities), 1):
-                writer.writerow([x, rank, c, repr(s), repr(q)])
+            for rank, row in enumerate(p.to_list(), 1):  # probabilities: asked for, never None
+                writer.writerow([x, rank, row["class"], repr(row["score"]),
+                                 repr(row.get("probability"))])
     return 0
 
 

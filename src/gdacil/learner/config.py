@@ -79,9 +79,9 @@ class LearnerConfig(TypedConfig):
     statistics : StatisticsConfig, str or dict
         ``"dense"``, ``"lowrank"``, or :class:`~gdacil.cil.config.StatisticsConfig` fields.
     anchors : int
-        Size of the anchor reservoir (the paper fits HopDC on 1024 anchors).
+        Size of the anchor reservoir (the LR-RGDA paper fits HopDC on 1024 anchors).
     include_current : bool
-        Also fit the compensator on the samples being learned (the paper's choice).
+        Also fit the compensator on the samples being learned (the LR-RGDA paper's choice).
     seed : int
         Seeds every random draw (strategy training, anchor reservoir, per-class caps).
     batch_size : int

@@ -23,9 +23,9 @@ file                       what
                            :meth:`gdacil.ClassStatistics.save`), so versions share the files of
                            unchanged classes; ``statistics.safetensors`` for other storages.
                            Read when first needed (to learn or forget), not to predict
-``head.safetensors``       the fitted head's state (:mod:`gdacil.learner.headstate`), so loading
-                           does not refit it; absent for heads whose state it cannot hold (FeCAM),
-                           which are refitted from the statistics on load
+``head.safetensors``       the fitted head's state (:meth:`~gdacil.heads.GaussianHead.state_dict`,
+                           with LR-RGDA's eigenpairs), so loading does not refit it (models saved
+                           before FeCAM stored its state have none: refitted on load)
 ``backbone.safetensors``   the backbone's weights, when a strategy trains it (or
                            ``store_backbone``)
 ``strategy.safetensors``   the strategy's state between tasks (null-space moments), when it trains
@@ -54,15 +54,15 @@ import torch
 
 from .. import __version__
 from ..cil.config import ConfigError
-from ..cil.runner import task_seed
+from ..cil.model import IncrementalModel, TaskData, backbone_weights, task_seed
 from ..data import extract_features
-from ..io import CorruptFileError, load_tensors, save_tensors
+from ..io import CorruptFileError
 from ..registry import UnknownNameError
-from ..stats import ClassGaussians, ClassStatistics
+from ..state import load_state, save_state
+from ..stats import ClassStatistics
 from . import bundle
 from .config import LearnerConfig
 from .data import LazySamples, Samples, load_images, load_texts, read_samples
-from .headstate import bind_eigenpairs, head_state, restore_head
 from .reservoir import AnchorReservoir
 
 if TYPE_CHECKING:
@@ -76,8 +76,10 @@ PROGRESS_SECONDS = 5.0
 logger = logging.getLogger(__name__)
 _clock = time.monotonic
 _PLURAL = {"image": "images", "text": "texts"}
-# purposes of the seeds drawn per learn (with gdacil.cil.runner.task_seed)
-_ADAPT, _CAP, _RESERVOIR = 0, 101, 102
+# purposes of the seeds drawn per learn (with gdacil.cil.model.task_seed; 0 trains the backbone)
+_CAP, _RESERVOIR = 101, 102
+#: the learner's one compensator track and head, in its IncrementalModel
+_TRACK, _HEAD = "model", "head"
 
 
 class UnknownClassError(UnknownNameError):
@@ -87,11 +89,11 @@ class UnknownClassError(UnknownNameError):
 @dataclass(frozen=True)
 class Prediction:
     """The ``top_k`` classes of one input, best first, with their scores (log-posteriors up to
-    a per-input constant) and probabilities (softmax over all classes)."""
+    a per-input constant) and probabilities (softmax over all classes; None when not asked)."""
 
     classes: tuple[str, ...]
     scores: tuple[float, ...]
-    probabilities: tuple[float, ...]
+    probabilities: tuple[float, ...] | None
 
     @property
     def label(self) -> str:
@@ -99,6 +101,8 @@ class Prediction:
         return self.classes[0]
 
     def to_list(self) -> list[dict]:
+        if self.probabilities is None:
+            return [{"class": c, "score": s} for c, s in zip(self.classes, self.scores)]
         return [{"class": c, "score": s, "probability": p}
                 for c, s, p in zip(self.classes, self.scores, self.probabilities)]
 
@@ -175,24 +179,48 @@ class Learner:
         self._backbone = None
         self._weights: dict[str, torch.Tensor] | None = None  # to load when the backbone is built
         self._record: dict | None = None  # what the backbone was when the model last learned
-        self._stats: ClassStatistics | None = None
         self._order: list[int] = []  # class ids in the order of the statistics and the head
         self._counts: list[int] = []  # samples learned per class, in that order
         self._lazy: bundle.OpenedVersion | None = None  # where unread statistics are
-        self._eigenpairs = None  # the head's stored eigenpairs, bound when statistics load
         self._saved: dict[int, int] = {}  # class id -> its revision in the version of origin
-        self._head: GaussianHead | None = None  # config: a head of gdacil.heads.HEADS
         self._ids: dict[str, int] = {}
         self._next_id = 0
         self._steps = 0
         strategy = config.build_strategy()
         self._strategy = strategy if strategy.config.params != "none" else None
+        # the statistics, the head, the compensator and the task step (its backbone and
+        # strategy are set when it learns: the backbone is built when first needed)
+        self._model = IncrementalModel(
+            None, config.statistics, compensators={_TRACK: config.build_compensator()},
+            heads={_HEAD: config.build_head}, ddof=config.ddof, seed=config.seed)
         keep = (self._strategy is not None and self._strategy.trains_on(1)
                 and config.compensator.name != "identity")
         self._reservoir = AnchorReservoir(config.anchors if keep else 0)
         self._history: list[dict] = []
         self._pending: list[dict] = []
         self._origin: tuple[Path, str] | None = None
+
+    @property
+    def _stats(self) -> ClassStatistics | None:
+        """The statistics held (None before any class, or not read yet: see ``_lazy``)."""
+        return self._model.tracks.get(_TRACK)
+
+    @_stats.setter
+    def _stats(self, stats: ClassStatistics | None) -> None:
+        if stats is None:
+            self._model.tracks.pop(_TRACK, None)
+        else:
+            self._model.tracks[_TRACK] = stats
+
+    @property
+    def _head(self) -> GaussianHead | None:
+        """The fitted head (None before any class is learned)."""
+        head = self._model.heads[_TRACK][_HEAD]
+        return head if hasattr(head, "classes_") else None
+
+    @_head.setter
+    def _head(self, head: GaussianHead | None) -> None:
+        self._model.heads[_TRACK][_HEAD] = head if head is not None else self.config.build_head()
 
     def copy(self) -> Learner:
         """An independent copy, to learn on while this learner keeps predicting (what
@@ -262,9 +290,9 @@ class Learner:
                     != self._counts:
                 raise CorruptFileError(self._lazy.file("learner.json"), "lists other classes "
                                        "or counts than the statistics hold", bundle.ADVICE)
-            if self._eigenpairs is not None and self._head is not None:
-                bind_eigenpairs(self._head, self._eigenpairs, stats)
-            self._stats, self._lazy, self._eigenpairs = stats, None, None
+            if self._head is not None:
+                self._head.bind(stats)  # its stored eigenpairs are those of these statistics
+            self._stats, self._lazy = stats, None
             self._saved = {c: stats.revision(c) for c in stats.classes}
         return self._stats
 
@@ -340,8 +368,7 @@ class Learner:
         compensate = trains and bool(old) and self.config.compensator.name != "identity"
         snapshot = self._snapshot() if trains else None
         try:
-            stats, head, reservoir = self._learn_task(t, samples, load, y, old, trains,
-                                                      compensate, progress)
+            reservoir = self._learn_task(t, samples, load, y, compensate, progress)
         except BaseException as exc:
             if snapshot is not None:
                 self._restore(snapshot)
@@ -349,8 +376,8 @@ class Learner:
                 raise ValueError(f"strategy {self.config.strategy.name!r} cannot train the "
                                  f"backbone {self.config.backbone!r}: {exc}") from None
             raise
-        self._set_statistics(stats)
-        self._head, self._reservoir = head, reservoir
+        self._set_statistics(self._stats)
+        self._reservoir = reservoir
         self._ids, self._next_id, self._steps = ids, self._next_id + len(fresh), t + 1
         self._record = {"name": bb.name, "config": _portable(_jsonable(bb.config())),
                         "modality": bb.modality, "dim": bb.dim,
@@ -362,55 +389,56 @@ class Learner:
                               "updated": list(report.updated)})
         return report
 
-    def _learn_task(self, t, samples: Samples, load, y, old, trains, compensate, progress):
-        """One task, as the experiment runner does it; changes nothing in ``self`` but the
-        backbone and strategy (which :meth:`learn` restores on failure)."""
+    def _learn_task(self, t: int, samples: Samples, load, y: torch.Tensor, compensate: bool,
+                    progress: bool) -> AnchorReservoir:
+        """Task ``t`` through the model's task step (as the experiment runner takes it); returns
+        the reservoir after it was offered the samples. On failure the model's statistics and
+        head are as they were; the backbone and strategy are :meth:`learn`'s to restore."""
         cfg, bb = self.config, self.backbone
-        anchors = self._reservoir.raws() if compensate else []
-        if compensate and not anchors and not cfg.include_current:
+        raws = self._reservoir.raws() if compensate else []
+        if compensate and not raws and not cfg.include_current:
             raise ValueError("drift compensation needs anchors: set anchors > 0 or "
                              "include_current=True")
-        if compensate:  # anchor features under the backbone before it trains
-            before = [self._features(anchors)] if anchors else []
-            if cfg.include_current:
-                before.append(self._features_of(samples, load, progress))
-        if trains:
-            assert self._strategy is not None  # only a strategy trains
-            self._strategy.adapt_task(bb, t, LazySamples(samples.keys, load),
-                                      y.numpy(), generator=task_seed(cfg.seed, t, _ADAPT))
-        X = self._features_of(samples, load, progress)
-        storage = cfg.statistics
-        new = ClassGaussians(bb.dim, ddof=cfg.ddof).update(X, y)
-        if storage.storage != "dense":  # compress the new classes once
-            new = storage.empty(bb.dim, cfg.ddof).merge(new)
-        if self._stats is None:
-            stats = storage.empty(bb.dim, cfg.ddof)
-        elif compensate:
-            after = ([self._features(anchors)] if anchors else []) + (
-                [X] if cfg.include_current else [])
-            comp = cfg.build_compensator().fit(torch.cat(before), torch.cat(after))
-            stats = comp.transform(self._stats, labels=old)
-        else:
-            stats = self._stats
-        head = self._head if self._head is not None else cfg.build_head()
-        try:
-            with stats.rollback_on_error(torch.unique(y).tolist()):
-                stats.merge(new)
-                head.fit(stats)
-                reservoir = self._reservoir
-                if reservoir.size:
-                    side = _anchor_side(bb)
-                    rng = np.random.default_rng(task_seed(cfg.seed, t, _RESERVOIR))
-                    reservoir = reservoir.offered(samples, load, rng, side, bb.modality)
-        except BaseException:
-            if self._head is not None and head is self._head:  # the old head, on the old stats
-                self._head.fit(cast(ClassStatistics, self._stats))  # learn loaded them
-            raise
-        return stats, head, reservoir
+        anchors = ([("anchor", i) for i in range(len(raws))]
+                   + (list(samples.keys) if compensate and cfg.include_current else []))
+        reservoir = self._reservoir
+
+        def offer(_X) -> None:  # inside the task's transaction: a failure undoes the task
+            nonlocal reservoir
+            if reservoir.size:
+                rng = np.random.default_rng(task_seed(cfg.seed, t, _RESERVOIR))
+                reservoir = reservoir.offered(samples, load, rng, _anchor_side(bb), bb.modality)
+
+        self._model.backbone, self._model.strategy = bb, self._strategy
+        self._model.learn_task(t, TaskData(
+            keys=samples.keys, labels=y, samples=LazySamples(samples.keys, load),
+            features=self._task_features(samples, load, raws, progress), anchors=anchors),
+            finish=offer)
+        return reservoir
+
+    def _task_features(self, samples: Samples, load, raws: list, progress: bool):
+        """``features(keys)`` of the task's samples (their keys) and the reservoir's anchors
+        (``("anchor", i)``), each kind extracted in one pass."""
+        def features(keys: list) -> torch.Tensor:
+            own = [k for k in keys if not isinstance(k, tuple)]
+            anchors = [k for k in keys if isinstance(k, tuple)]
+            parts = []
+            if own:
+                parts.append((own, self._extract(own, load, progress)))
+            if anchors:
+                parts.append((anchors, self._features([raws[i] for _, i in anchors])))
+            ordered = [k for group, _ in parts for k in group]
+            X = torch.cat([rows for _, rows in parts]) if len(parts) > 1 else parts[0][1]
+            if ordered == keys:
+                return X
+            where = {k: i for i, k in enumerate(ordered)}
+            return X[torch.tensor([where[k] for k in keys], dtype=torch.long)]
+
+        return features
 
     def _snapshot(self) -> tuple[dict, dict]:
         assert self._strategy is not None  # taken only when the strategy trains
-        return _weights(self.backbone), dict(self._strategy.moments_)
+        return backbone_weights(self.backbone), dict(self._strategy.moments_)
 
     def _restore(self, snapshot: tuple[dict, dict]) -> None:
         """The backbone and strategy as they were (rebuilt: a failed task may have left
@@ -474,12 +502,16 @@ class Learner:
         return self._extract(list(samples.keys), load, progress)
 
     # ------------------------------------------------------------------ prediction
-    def predict(self, inputs, top_k: int = 1, *, progress: bool = False) -> list[Prediction]:
+    def predict(self, inputs, top_k: int = 1, *, probabilities: bool = True,
+                progress: bool = False) -> list[Prediction]:
         """The ``top_k`` classes of each input, best first.
 
         ``inputs`` is a sequence of texts (text models) or of image files, PIL images or arrays
         (image models); one string, path or image is taken as one input. Returns one
-        :class:`Prediction` per input.
+        :class:`Prediction` per input. The head ranks the classes with its ``top_k``, one block
+        of classes at a time; ``probabilities=False`` leaves out the probabilities, whose
+        normaliser needs every class's score, so that LR-RGDA may rank by its exact pruned
+        scoring (faster from thousands of classes on).
         """
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
             raise ValueError(f"top_k must be a positive integer; got {top_k!r}")
@@ -490,13 +522,12 @@ class Learner:
             return []
         load = self._loader(lambda keys: [items[int(k)] for k in keys])
         X = self._extract([str(i) for i in range(len(items))], load, progress, what="predict")
-        scores = self._head.decision_function(X).to(torch.float64).cpu()
-        probabilities = torch.softmax(scores, dim=1)
-        names = self._names(self._head.classes_.tolist())
-        best, where = scores.topk(min(top_k, scores.shape[1]), dim=1)
-        return [Prediction(tuple(names[j] for j in idx), tuple(s),
-                           tuple(probabilities[i, idx].tolist()))
-                for i, (s, idx) in enumerate(zip(best.tolist(), where.tolist()))]
+        head = self._head
+        found = head.top_k(X, min(top_k, len(self._order)), proba=probabilities)
+        scores, labels = found[0].to(torch.float64).cpu(), found[1].tolist()
+        proba = found[2].to(torch.float64).cpu().tolist() if probabilities else None
+        return [Prediction(tuple(self._names(row)), tuple(s), tuple(proba[i]) if proba else None)
+                for i, (s, row) in enumerate(zip(scores.tolist(), labels))]
 
     # ------------------------------------------------------------------ forgetting
     def forget(self, classes: str | Iterable[str]) -> list[str]:
@@ -607,19 +638,17 @@ class Learner:
         history = self._history + [{**e, "version": writer.name} for e in self._pending]
         self._write_statistics(writer, continues)
         untouched = continues and self._stats is None  # neither learned nor forgot since load
-        if self._head is not None and not (untouched and writer.link("head.safetensors")):
-            state = head_state(self._head, self._loaded_statistics())
-            if state is not None:
-                writer.write_with("head.safetensors", lambda p: save_tensors(p, *state))
+        if (head := self._head) is not None and not (untouched and writer.link("head.safetensors")):
+            writer.write_with("head.safetensors", lambda p: save_state(p, head.state_dict()))
         as_loaded = self._backbone is None and self._weights is not None  # never built since
         if (self._strategy is not None or self.config.store_backbone) and not (
                 continues and as_loaded and writer.link("backbone.safetensors")):
-            weights = cast(dict, self._weights) if as_loaded else _weights(self.backbone)
-            writer.write_with("backbone.safetensors", lambda p: save_tensors(
-                p, weights, {"backbone": self.config.backbone}))
+            weights = cast(dict, self._weights) if as_loaded else backbone_weights(self.backbone)
+            writer.write_with("backbone.safetensors", lambda p: save_state(
+                p, (weights, {"backbone": self.config.backbone})))
         if (strategy := self._strategy) is not None:
             writer.write_with("strategy.safetensors",
-                              lambda p: save_tensors(p, *strategy.state_dict()))
+                              lambda p: save_state(p, strategy.state_dict()))
         if self._reservoir.size:
             writer.write_json("anchors.json", self._reservoir.to_json())
             for relative, png in self._reservoir.files().items():
@@ -729,17 +758,17 @@ class Learner:
         self._record = _portable(record) if record else record  # no path of the machine
         self._history = list(meta.get("history", []))
         if opened.has("head.safetensors"):
-            self._head, self._eigenpairs = restore_head(
-                self.config.build_head(), *load_tensors(opened.file("head.safetensors")))
+            self._head = self.config.build_head().load_state_dict(
+                *load_state(opened.file("head.safetensors")))
             if self._head.classes_.tolist() != self._order:
                 raise CorruptFileError(opened.file("head.safetensors"), "holds a head of other "
                                        "classes than learner.json lists", bundle.ADVICE)
         elif classes:  # a head whose state is not stored (FeCAM): fitted again
             self._head = self.config.build_head().fit(self._loaded_statistics())
         if opened.has("backbone.safetensors"):
-            self._weights = load_tensors(opened.file("backbone.safetensors"))[0]
+            self._weights = load_state(opened.file("backbone.safetensors"))[0]
         if self._strategy is not None and opened.has("strategy.safetensors"):
-            self._strategy.load_state_dict(*load_tensors(opened.file("strategy.safetensors")))
+            self._strategy.load_state_dict(*load_state(opened.file("strategy.safetensors")))
         if opened.has("anchors.json"):
             try:
                 data = json.loads(opened.file("anchors.json").read_text(encoding="utf-8"))
@@ -752,12 +781,12 @@ class Learner:
 
 def _read_statistics(opened: bundle.OpenedVersion, order: list[int]) -> ClassStatistics:
     """The statistics of a saved version, in fresh aligned storage (tensors read from
-    safetensors may sit at unaligned offsets; see headstate). One file per class: their rows
+    safetensors may sit at unaligned offsets; see gdacil.state). One file per class: their rows
     are stacked and validated at once (:meth:`ClassStatistics.from_tensors`)."""
     if opened.has("statistics.safetensors"):
         return ClassStatistics.load(opened.file("statistics.safetensors")).copy()
     paths = [_required(opened, f"statistics/{c}.safetensors") for c in order]
-    parts = [load_tensors(path) for path in paths]
+    parts = [load_state(path) for path in paths]
     config = parts[0][1]
     for path, (tensors, meta) in zip(paths, parts):
         if meta != config or set(tensors) != set(parts[0][0]):
@@ -774,12 +803,6 @@ def _required(opened: bundle.OpenedVersion, relative: str) -> Path:
         raise CorruptFileError(opened.path / relative, "missing from manifest.json, which "
                                                        "must list it", bundle.ADVICE)
     return opened.file(relative)
-
-
-def _weights(bb) -> dict[str, torch.Tensor]:
-    """A copy of the backbone's weights (standard strides: safetensors and hashing need them)."""
-    return {k: v.detach().clone(memory_format=torch.contiguous_format)
-            for k, v in bb.model.state_dict().items()}
 
 
 def _anchor_side(bb) -> int | None:
