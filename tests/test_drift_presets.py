@@ -54,15 +54,21 @@ def test_specs_pick_a_preset_then_apply_overrides():
 
 @pytest.mark.parametrize("spec,match", [
     ({"name": "hopdc", "defaults": "papr"},
-     r"compensator 'hopdc' has no preset 'papr'; its presets: recommended, paper"),
+     r"HopDC has no preset 'papr' \(its presets: 'recommended', 'paper'\)"),
     ({"name": "sdc", "defaults": "paper"},
-     r"compensator 'sdc' has no preset 'paper'; its presets: recommended"),
-    ({"name": "hopdc", "defaults": None}, r"no preset None"),
+     r"SDC has no preset 'paper' \(its presets: 'recommended'\)"),
+    ({"name": "hopdc", "defaults": 3}, r"no preset 3"),
     ({"name": "hopdc", "defaults": "paper", "temperature": 1}, r"bad configuration.*temperature"),
 ])
 def test_bad_presets_are_clear_errors(spec, match):
     with pytest.raises(ValueError, match=match):
         build_compensator(spec)
+
+
+def test_no_preset_means_the_constructors_defaults():
+    assert build_compensator({"name": "hopdc", "defaults": None}).get_config() == \
+        HopDC().get_config()
+    assert HopDC.from_preset().get_config() == HopDC.from_preset("recommended").get_config()
 
 
 def test_config_tracks_use_presets_and_report_bad_ones():
@@ -71,7 +77,7 @@ def test_config_tracks_use_presets_and_report_bad_ones():
     assert cfg.build_compensator("a").match_moments == "auto"
     b = cfg.build_compensator("b")
     assert (b.match_moments, b.topk) == (False, 9)
-    with pytest.raises(ConfigError, match=r"compensators\.h: .*its presets: recommended, paper"):
+    with pytest.raises(ConfigError, match=r"compensators\.h: .*its presets: 'recommended', 'paper'"):
         ExperimentConfig(compensators={"h": {"name": "hopdc", "defaults": "best"}})
 
 

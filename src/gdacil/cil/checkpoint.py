@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from ..hashing import sha256_json
 from ..heads import MappedLinearHead
@@ -69,6 +70,16 @@ class SeedState:
         """The statistics of every compensator track, by label."""
         return {name.partition("/")[2]: ClassStatistics.from_state(state, source=name)
                 for name, state in self.parts.items() if name.startswith("tracks/")}
+
+    @property
+    def backbone(self) -> dict[str, torch.Tensor] | None:
+        """The adapted backbone weights (None when the strategy does not train it)."""
+        return self.parts["backbone"][0] if "backbone" in self.parts else None
+
+    @property
+    def strategy(self) -> State | None:
+        """The strategy's state between tasks (None when it does not train the backbone)."""
+        return self.parts.get("strategy")
 
     @property
     def streaming(self) -> dict[str, MappedLinearHead]:

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
 
+from .._params import Params
+from .._presets import Presets
 from .._random import make_generator
 from .._validation import as_dtype, as_features, check_nonnegative, dtype_name
 from ..errors import NotFittedError
@@ -32,7 +34,7 @@ from ..state import Stateful
 from ..stats import ClassStatistics
 
 if TYPE_CHECKING:
-    from typing_extensions import Self  # typing.Self from Python 3.11
+    pass  # typing.Self from Python 3.11
 
 __all__ = [
     "Compensator",
@@ -82,7 +84,7 @@ def l2_normalize_rows(X: torch.Tensor) -> torch.Tensor:
     return X / X.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(X.dtype).tiny)
 
 
-class Compensator(Stateful, abc.ABC):
+class Compensator(Params, Presets, Stateful, abc.ABC):
     """Maps class statistics from the old backbone's feature space into the new one's.
 
     Subclasses are dataclasses whose fields are the hyperparameters. They implement
@@ -91,25 +93,14 @@ class Compensator(Stateful, abc.ABC):
     """
 
     name: ClassVar[str] = ""
-    #: Named hyperparameter sets: preset name -> the field values it sets (the others keep the
-    #: constructor's defaults). ``recommended`` is the constructor's defaults.
+    #: Named hyperparameter sets (:mod:`gdacil._presets`): preset name -> the field values it
+    #: sets (the others keep the constructor's defaults). ``recommended`` is the defaults.
     presets: ClassVar[dict[str, dict[str, Any]]] = {"recommended": {}}
     _normalized_sets: ClassVar[tuple[str, ...]] = ()
     #: fitted attributes: what :meth:`state_dict` stores (:mod:`gdacil.state`)
     _state_attributes: ClassVar[tuple[str, ...]] = ("n_anchors_", "dim_")
     if TYPE_CHECKING:  # every subclass is a dataclass, which dataclasses.fields accepts
         __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
-
-    @classmethod
-    def from_preset(cls, preset: str = "recommended", /, **overrides) -> Self:
-        """The compensator with the hyperparameters of ``preset``, updated by ``overrides``.
-
-        Raises ``ValueError`` listing the known presets for a name this compensator lacks.
-        """
-        if not isinstance(preset, str) or preset not in cls.presets:
-            raise ValueError(f"compensator {cls.name!r} has no preset {preset!r}; its presets: "
-                             f"{', '.join(cls.presets)}")
-        return cls(**{**cls.presets[preset], **overrides})
 
     # ---------------------------------------------------------------- public API
     def fit(self, old_features, new_features) -> Compensator:

@@ -46,15 +46,16 @@ def head_class(name: str) -> type[GaussianHead | MappedLinearHead]:
 
 def build_head(name: str, /, *, defaults: str | None = None,
                **params) -> GaussianHead | MappedLinearHead:
-    """Instantiate the head registered as ``name`` (either kind) with ``params``; with
-    ``defaults="paper"``, from the LR-RGDA paper's preset (``cls.paper(**params)``)."""
+    """Instantiate the head registered as ``name`` (either kind) with ``params``, starting from
+    its preset ``defaults`` (``cls.from_preset``, :mod:`gdacil._presets`; None: the
+    constructor's defaults)."""
     if defaults is None:
         return ALL_HEADS.build(name, **params)
     cls = head_class(name)
-    if defaults != "paper" or not hasattr(cls, "paper"):
-        presets = "'paper'" if hasattr(cls, "paper") else "none"
-        raise ValueError(f"head {name!r} has no preset {defaults!r} (its presets: {presets})")
-    return cls.paper(**params)
+    if defaults not in getattr(cls, "presets", {}):
+        known = ", ".join(map(repr, getattr(cls, "presets", {}))) or "none"
+        raise ValueError(f"head {name!r} has no preset {defaults!r} (its presets: {known})")
+    return cls.from_preset(defaults, **params)
 
 
 __all__ = [

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from .._params import Params
+from .._presets import Presets
 from .._validation import (
     as_device,
     as_dtype,
@@ -151,12 +152,13 @@ class ModelTerms:
         return cls(stats.average_covariance(), stats.n_classes, float(stats.counts.sum()))
 
 
-class GaussianHead(Params, Stateful, ABC):
+class GaussianHead(Params, Presets, Stateful, ABC):
     """Base class of the classifiers built from :class:`~gdacil.ClassGaussians`.
 
     Subclasses implement ``_build(stats, log_priors)`` returning ``(rows, bias, sign)``:
     ``rows`` of shape ``(C, 1 + k, d)``, ``bias`` of shape ``(C, 1 + k)`` and ``sign`` in
-    ``{-1, +1}`` (ignored when ``k = 0``).
+    ``{-1, +1}`` (ignored when ``k = 0``), and optionally a fourth item: a dict of further fitted
+    attributes, set once the parameters pass their checks.
 
     Parameters shared by every head
     -------------------------------
@@ -204,11 +206,13 @@ class GaussianHead(Params, Stateful, ABC):
         self._model_terms = model_terms
         try:
             log_priors = self._log_priors(stats)
-            rows, bias, sign = self._build(stats, log_priors)
+            rows, bias, sign, *fitted = self._build(stats, log_priors)
         finally:
             del self._model_terms
         self.rows_, self.bias_ = checked_parameters(self, self.dtype_, self.device_, rows, bias)
         self.sign_ = float(sign)
+        for name, value in (fitted[0] if fitted else {}).items():
+            setattr(self, name, value)
         return self
 
     def _check_params(self) -> None:

@@ -192,12 +192,13 @@ class FeCAM(GaussianHead):
         self.ddof = ddof
         self.max_bytes = max_bytes
 
+    #: the published settings (``"vit"``, ``"imagenet_r"``, ``"resnet"``)
+    presets = FECAM_PRESETS
+
     @classmethod
     def preset(cls, name: str, **overrides) -> FeCAM:
-        """A head with a published setting (``"vit"``, ``"imagenet_r"``, ``"resnet"``)."""
-        if name not in FECAM_PRESETS:
-            raise ValueError(f"unknown FeCAM preset {name!r}; known: {', '.join(FECAM_PRESETS)}")
-        return cls(**{**FECAM_PRESETS[name], **overrides})
+        """A head with a published setting (``from_preset(name, **overrides)``)."""
+        return cls.from_preset(name, **overrides)
 
     def _check_params(self) -> None:
         super()._check_params()

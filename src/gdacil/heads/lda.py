@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import torch
 
 from .._validation import check_nonnegative
@@ -57,10 +59,14 @@ class LDA(GaussianHead):
         self.shrinkage = shrinkage
         self.shrinkage_target = shrinkage_target
 
+    #: ``paper``: the LR-RGDA paper's gamma = 0.1 towards the (absolute) identity
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "paper": {"shrinkage": 0.1, "shrinkage_target": "identity"}}
+
     @classmethod
     def paper(cls, **params):
-        """The LR-RGDA paper's setting: gamma = 0.1 towards the (absolute) identity."""
-        return cls(0.1, shrinkage_target="identity", **params)
+        """The LR-RGDA paper's setting (``from_preset("paper", **params)``)."""
+        return cls.from_preset("paper", **params)
 
     def _check_params(self) -> None:
         super()._check_params()

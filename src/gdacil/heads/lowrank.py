@@ -28,6 +28,8 @@ widen by an a-priori bound of the rounding error, so the pruned result stays exa
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import torch
 
 from .._deprecation import renamed_parameters
@@ -40,7 +42,7 @@ from ..stats import ClassStatistics
 from .base import GaussianHead
 from .rgda import (
     DEFAULT_ALPHAS,
-    PAPER_ALPHAS,
+    PAPER_SETTING,
     base_covariance_terms,
     check_alphas,
     check_identity_scale,
@@ -184,7 +186,7 @@ class LRRGDA(GaussianHead):
     (torch.Size([5]), torch.Size([3, 5, 16]))
     """
 
-    # set by fit (from _fitted_bounds): what the pruned search of top_k bounds the scores with
+    # set by fit (from what _build returns): what the pruned search of top_k bounds scores with
     kappa_: torch.Tensor
     mean_precision_: torch.Tensor
     base_whitener_: torch.Tensor
@@ -206,10 +208,13 @@ class LRRGDA(GaussianHead):
         self.n_iter = n_iter
         self.seed = seed
 
+    #: ``paper``: the LR-RGDA paper's alphas (0.2, 2.0, 0.5) with an absolute identity term
+    presets: ClassVar[dict[str, dict[str, Any]]] = {"paper": PAPER_SETTING}
+
     @classmethod
     def paper(cls, rank=64, **params):
-        """The LR-RGDA paper's setting: alphas (0.2, 2.0, 0.5) with an absolute identity term."""
-        return cls(rank, *PAPER_ALPHAS, identity_scale="absolute", **params)
+        """The LR-RGDA paper's setting (``from_preset("paper", rank=rank, **params)``)."""
+        return cls.from_preset("paper", rank=rank, **params)
 
     _state_attributes = (*GaussianHead._state_attributes, "identity_scale_", "n_decomposed_",
                          "kappa_", "mean_precision_", "base_whitener_", "center_",
@@ -364,17 +369,15 @@ class LRRGDA(GaussianHead):
         mean_precision = (mu * B_inv_mu).sum(1)
         bias[:, 0] = (-0.5 * mean_precision - 0.5 * (logdet_B + logdet_M)
                       + log_priors.to(self.device_))
-        self._fitted_bounds = {"kappa_": kappa, "mean_precision_": mean_precision,
-                        "base_whitener_": L_B_inv, "center_": mu.mean(0)}
-        return rows, bias, 1.0
+        bounds = {"kappa_": kappa, "mean_precision_": mean_precision,
+                  "base_whitener_": L_B_inv, "center_": mu.mean(0)}
+        return rows, bias, 1.0, {name: value.to(device=self.device_, dtype=self.dtype_)
+                                 for name, value in bounds.items()}
 
     def fit(self, stats: ClassStatistics, *, model_terms=None) -> LRRGDA:
         self.__dict__.pop("_screen_cache", None)
         self.__dict__.pop("_auto_modes", None)
         super().fit(stats, model_terms=model_terms)
-        for name, value in self._fitted_bounds.items():
-            setattr(self, name, value.to(device=self.device_, dtype=self.dtype_))
-        del self._fitted_bounds
         self.linear_bias_ = self.bias_[:, 0].contiguous()
         return self
 

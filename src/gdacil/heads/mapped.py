@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import torch
 
 from .._params import Params
+from .._presets import Presets
 from .._validation import (
     all_finite,
     as_dtype,
@@ -52,7 +53,7 @@ def check_budget(head, needed: int) -> None:
         )
 
 
-class MappedLinearHead(Params, Stateful, ABC):
+class MappedLinearHead(Params, Presets, Stateful, ABC):
     """Base class of the streaming heads ``g_c(x) = w_c^T phi(x) + b_c``.
 
     Subclasses implement ``_make_map(dim_in)``, ``_solve(stats)`` returning ``(W, b)`` (float64,

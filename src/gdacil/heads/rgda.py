@@ -6,7 +6,7 @@ covariance belongs to the family of Friedman's regularized discriminant analysis
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, ClassVar, cast
 
 import torch
 
@@ -17,6 +17,9 @@ from .base import GaussianHead, stack_rows
 __all__ = ["DEFAULT_ALPHAS", "IDENTITY_SCALES", "QDA", "RGDA", "identity_scale", "regularized_covariances"]
 
 PAPER_ALPHAS = (0.2, 2.0, 0.5)
+#: The LR-RGDA paper's setting of RGDA and LR-RGDA: its alphas with an absolute identity term
+PAPER_SETTING: dict[str, Any] = {"alpha1": PAPER_ALPHAS[0], "alpha2": PAPER_ALPHAS[1],
+                                 "alpha3": PAPER_ALPHAS[2], "identity_scale": "absolute"}
 #: gdacil's defaults (with ``identity_scale="samples"``), chosen by ``gdacil bench defaults``
 #: over four offline feature sets in three scalings: a smaller class share than the LR-RGDA paper's
 #: (``alpha1 / (alpha1 + alpha2)`` 0.048 against 0.091) and an identity term that shrinks as
@@ -150,10 +153,13 @@ class RGDA(GaussianHead):
         self.alpha3 = alpha3
         self.identity_scale = identity_scale
 
+    #: ``paper``: the LR-RGDA paper's alphas (0.2, 2.0, 0.5) with an absolute identity term
+    presets: ClassVar[dict[str, dict[str, Any]]] = {"paper": PAPER_SETTING}
+
     @classmethod
     def paper(cls, **params):
-        """The LR-RGDA paper's setting: alphas (0.2, 2.0, 0.5) with an absolute identity term."""
-        return cls(*PAPER_ALPHAS, identity_scale="absolute", **params)
+        """The LR-RGDA paper's setting (``from_preset("paper", **params)``)."""
+        return cls.from_preset("paper", **params)
 
     def _alphas(self) -> tuple[float, float, float]:
         return check_alphas(self.alpha1, self.alpha2, self.alpha3)
