@@ -326,8 +326,9 @@ class LRRGDA(GaussianHead):
                              "B = alpha2 Sigma_avg + alpha3 I must be positive definite")
         d = stats.dim
         eye = torch.eye(d, dtype=torch.float64, device=self.device_)
-        avg, a3, self.identity_scale_ = base_covariance_terms(self, stats, a2, a3,
-                                                              self.identity_scale, self.device_)
+        avg, a3, self.identity_scale_ = base_covariance_terms(
+            stats, lambda: self._average_covariance(stats), self._model_size(stats), a2, a3,
+            self.identity_scale, self.device_)
         L_B = psd_cholesky(a2 * avg + a3 * eye, name="LR-RGDA base B = alpha2 Sigma_avg + alpha3 I")
         L_B_inv = torch.linalg.solve_triangular(L_B, eye, upper=False)
         logdet_B = logdet_from_cholesky(L_B)

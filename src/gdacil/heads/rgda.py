@@ -6,6 +6,7 @@ covariance belongs to the family of Friedman's regularized discriminant analysis
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar, cast
 
 import torch
@@ -47,16 +48,18 @@ def check_identity_scale(value) -> str:
     return value
 
 
-def base_covariance_terms(head, stats, alpha2: float, alpha3: float, how: str, device):
-    """``(Sigma_avg, alpha3 * unit, unit)``: the average class covariance of the model ``head``
-    is fitted to (zeros when no term needs it) and the identity term in the units of
-    :func:`identity_scale`."""
+def base_covariance_terms(stats, average_covariance: Callable[[], torch.Tensor],
+                          model_size: tuple[int, float], alpha2: float, alpha3: float, how: str,
+                          device):
+    """``(Sigma_avg, alpha3 * unit, unit)``: the average class covariance of the model
+    (``average_covariance()``, called only when a term needs it; zeros otherwise) and the
+    identity term in the units of :func:`identity_scale` for a model of ``model_size``."""
     d = stats.dim
     if alpha2 or (alpha3 and how != "absolute"):
-        avg = head._average_covariance(stats).to(device)
+        avg = average_covariance().to(device)
     else:
         avg = torch.zeros(d, d, dtype=torch.float64, device=device)
-    unit = identity_scale(stats, avg, how, head._model_size(stats)) if alpha3 else 1.0
+    unit = identity_scale(stats, avg, how, model_size) if alpha3 else 1.0
     return avg, alpha3 * unit, unit
 
 
@@ -172,8 +175,9 @@ class RGDA(GaussianHead):
     def _build(self, stats, log_priors):
         a1, a2, a3 = self._alphas()
         d = stats.dim
-        avg, a3, self.identity_scale_ = base_covariance_terms(self, stats, a2, a3,
-                                                              self.identity_scale, self.device_)
+        avg, a3, self.identity_scale_ = base_covariance_terms(
+            stats, lambda: self._average_covariance(stats), self._model_size(stats), a2, a3,
+            self.identity_scale, self.device_)
         eye = torch.eye(d, dtype=torch.float64, device=self.device_)
         quads, quad_biases, biases = [], [], []
         for _, _, mu, covs in stats.iter_batches(self._block_size(d + 1)):
