@@ -1,8 +1,8 @@
 """Sphinx configuration of gdacil's documentation site.
 
 Build it with ``sphinx-build -W --keep-going -b html docs build/docs`` after ``pip install -e
-'.[docs]'``; tests/test_docs_build.py builds it the same way, warnings as errors. The site is the
-Markdown pages of docs/ as they are (MyST) and an API reference that autodoc makes from the
+'.[docs]'``; tests/project/test_docs_build.py builds it the same way, warnings as errors. The site
+is the Markdown pages of docs/ as they are (MyST) and an API reference that autodoc makes from the
 numpydoc-style docstrings (napoleon), one hand-listed page per public module under docs/api/.
 Nothing is generated into docs/, so a build only writes to its output folder.
 """

@@ -1,4 +1,5 @@
-"""Run under torchrun by tests/test_distributed.py: ``_distributed_worker.py OUT CHECK...``.
+"""Run under torchrun by tests/torchrun/test_distributed.py: ``_distributed_worker.py OUT
+CHECK...``.
 
 Every rank runs the named checks (``stats``, ``rows``, ``train``) and writes what it got to
 ``OUT/rank<r>.safetensors`` (error messages in its metadata); the test compares the ranks with

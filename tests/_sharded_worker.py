@@ -1,4 +1,4 @@
-"""Run under torchrun by tests/test_sharded_head.py: ``_sharded_worker.py OUT``.
+"""Run under torchrun by tests/torchrun/test_sharded_head.py: ``_sharded_worker.py OUT``.
 
 Two ranks split the classes of :func:`data` (rank 0 holds classes 0-6, rank 1 classes 7-9), fit
 one :class:`ShardedHead` per head kind, answer the same queries, add classes 10-15 where

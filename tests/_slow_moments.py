@@ -1,5 +1,5 @@
-"""Run by tests/test_lowrank_stats.py: ``_slow_moments.py MARKERS``, a caller of
-:func:`gdacil.lowrank_stats.build_in_processes` that the test kills while its workers run.
+"""Run by tests/stats/test_lowrank_stats.py: ``_slow_moments.py MARKERS``, a caller of
+:func:`gdacil.stats.lowrank.build_in_processes` that the test kills while its workers run.
 
 Each block of moments waits a little and leaves a file named by the worker's process id under
 ``MARKERS``, so the test knows which workers are running.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from gdacil.lowrank_stats import build_in_processes
+from gdacil.stats.lowrank import build_in_processes
 
 DIM = 6
 

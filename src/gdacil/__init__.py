@@ -8,8 +8,7 @@ classifier :class:`LRRGDA`.
 
 import logging
 
-from .lowrank_stats import LowRankGaussians
-from .stats import ClassGaussians, ClassStatistics
+from .stats import ClassGaussians, ClassStatistics, LowRankGaussians
 
 # a library configures no logging: the application (or the gdacil command) adds handlers
 logging.getLogger(__name__).addHandler(logging.NullHandler())

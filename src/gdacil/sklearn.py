@@ -53,7 +53,7 @@ Gaussian posterior.
 :class:`RanPACClassifier`, :class:`ACILClassifier` and :class:`RBFLDAClassifier` wrap a
 :class:`~gdacil.heads.MappedLinearHead`: the head maps the raw features through a seeded random
 map of dimension ``M`` (``dim_out``, ``buffer_size``) and keeps pooled statistics of the MAPPED
-features (:class:`~gdacil.pooled_stats.PooledGaussians`: class counts and means and one pooled
+features (:class:`~gdacil.stats.PooledGaussians`: class counts and means and one pooled
 ``M x M`` scatter). There is no per-class Gaussian: ``stats_`` is the head's pooled statistics
 (the same object as ``head_.stats_``). Fitting in shards gives the model of one ``fit`` up to
 round-off, except where a setting is chosen from the data: ``bandwidth="auto"`` (RBF-LDA) from
@@ -112,7 +112,7 @@ A class with a single sample has a zero covariance. RGDA and LR-RGDA regularise 
 uses no covariance). QDA with ``reg_param=0`` (and RGDA with ``alpha2 = alpha3 = 0``) cannot: the
 estimator raises a ``ValueError`` naming the class before touching its state. Classes with fewer
 samples than features have singular covariances: the head adds the smallest jitter that factors
-them and emits a ``gdacil.linalg.NumericalWarning``. (A class whose samples are all identical
+them and emits a ``gdacil.stats.linalg.NumericalWarning``. (A class whose samples are all identical
 also has a zero covariance, which unregularised QDA turns into a near point mass: use
 ``reg_param > 0`` when that can happen.)
 
@@ -132,11 +132,11 @@ exactly), ``8 M^2`` bytes more at the peak (0.8 GB at ``M = 10000``).
 
 scikit-learn compatibility
 --------------------------
-Skipped ``check_estimator`` checks: none. ``tests/test_sklearn.py`` and
-``tests/test_sklearn_anchors.py`` (the anchor heads, with small maps) run every check through
-``parametrize_with_checks``. scikit-learn itself skips ``check_classifier_data_not_an_array``
-when pandas is not installed and ``check_array_api_input`` unless ``SCIPY_ARRAY_API=1`` is set;
-both pass when those are present. See ``docs/sklearn.md``.
+Skipped ``check_estimator`` checks: none. ``tests/estimators/test_sklearn.py`` and
+``tests/estimators/test_sklearn_anchors.py`` (the anchor heads, with small maps) run every check
+through ``parametrize_with_checks``. scikit-learn itself skips
+``check_classifier_data_not_an_array`` when pandas is not installed and ``check_array_api_input``
+unless ``SCIPY_ARRAY_API=1`` is set; both pass when those are present. See ``docs/sklearn.md``.
 """
 
 from __future__ import annotations

@@ -69,9 +69,9 @@ import torch
 
 from .errors import NotFittedError
 from .heads.base import GaussianHead
-from .linalg import NumericalWarning
 from .state import json_params
 from .stats import ClassGaussians, ClassStatistics
+from .stats.linalg import NumericalWarning
 
 __all__ = ["HeadContract", "centred", "gaussian_scores", "make_stats", "queries",
            "uniform_log_priors"]

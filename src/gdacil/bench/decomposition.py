@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from ..linalg import class_top_eigh, top_eigh
+from ..stats.linalg import class_top_eigh, top_eigh
 from .common import machine_info, markdown_table, output_arguments, refuse_to_overwrite, write_json
 
 __all__ = ["main", "render", "run", "spectra"]
@@ -57,7 +57,7 @@ def _timed(fn):
 
 
 def run(dims=(384, 768), kinds=("fast", "sample", "plateau"), n_classes=32, rank=64) -> dict:
-    from ..linalg import randomized_top_eigh
+    from ..stats.linalg import randomized_top_eigh
 
     rows = []
     labels = list(range(n_classes))

@@ -2,7 +2,7 @@
 
 RanPAC chooses ``lam`` per task from the task's batch: an 80/20 split, a ridge fitted on the 80%
 for each of 17 values ``10^-8 ... 10^8``, the lowest holdout MSE wins. This benchmark times, on one
-synthetic task batch mapped by :class:`~gdacil.feature_maps.RandomReLU` to ``M`` features:
+synthetic task batch mapped by :class:`~gdacil.stats.feature_maps.RandomReLU` to ``M`` features:
 
 - ``fast``: :func:`gdacil.heads.ridge_lambda.select_ridge_lambda`, one eigendecomposition (of the
   ``n_train x n_train`` kernel when ``n_train < M``, else of the ``M x M`` Gram) for the whole grid;
@@ -28,8 +28,8 @@ from typing import cast
 
 import torch
 
-from ..feature_maps import RandomReLU
 from ..heads.ridge_lambda import DEFAULT_LAMBDA_GRID, holdout_split, select_ridge_lambda
+from ..stats.feature_maps import RandomReLU
 from .common import machine_info, write_json
 
 __all__ = ["main", "make_batch", "relative_differences", "render", "run", "time_fast", "time_paper"]

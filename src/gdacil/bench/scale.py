@@ -8,7 +8,7 @@ process so peak memory is per cell:
   top-q eigenpairs in ``decomposition_dtype``; the dense blocks are discarded), then the LR-RGDA
   head is built from the stored eigenpairs. ``compress_s + fit_s`` is what a model of ``C``
   classes costs to build. With ``processes > 1`` the worker processes of
-  :func:`~gdacil.lowrank_stats.build_in_processes` draw the synthetic covariances too, so
+  :func:`~gdacil.stats.lowrank.build_in_processes` draw the synthetic covariances too, so
   ``compress_s`` includes drawing them; in one process that is timed apart (``generate_s``).
   Where the time goes is measured per class on the first block: validation (finite, symmetric),
   the decomposition, and the re-orthonormalisation of float32 eigenvectors.
@@ -148,7 +148,7 @@ def _compress(stats, moments: SyntheticMoments, labels: list[int], block: int
 
 class SyntheticMoments:
     """``(means, covariances, counts)`` of a block of synthetic classes (picklable, for
-    :func:`~gdacil.lowrank_stats.build_in_processes`)."""
+    :func:`~gdacil.stats.lowrank.build_in_processes`)."""
 
     def __init__(self, cfg: ScaleBenchConfig):
         self.cfg = cfg
@@ -167,7 +167,7 @@ def _build(cfg: ScaleBenchConfig, C: int, decomposition_dtype: str):
     """``(statistics, seconds generating, seconds building)`` of classes ``0 .. C - 1``. With
     several processes the workers generate their own classes: generation is then part of the
     build's seconds (``None`` for its own)."""
-    from ..lowrank_stats import LowRankGaussians, build_in_processes
+    from ..stats.lowrank import LowRankGaussians, build_in_processes
 
     params = _params(cfg, decomposition_dtype)
     if cfg.processes == 1:
@@ -182,7 +182,7 @@ def _build(cfg: ScaleBenchConfig, C: int, decomposition_dtype: str):
 def build_breakdown(classes: SyntheticClasses, labels: list[int], cfg: ScaleBenchConfig) -> dict:
     """Seconds per class of each step of ``add_classes`` on one block of ``labels``."""
     from .._validation import check_covariances
-    from ..linalg import reorthonormalize, top_eigh
+    from ..stats.linalg import reorthonormalize, top_eigh
 
     _, covs = classes.moments(labels)
     dtype = getattr(torch, cfg.decomposition_dtype)
@@ -348,7 +348,7 @@ def render(payload: dict, command: str) -> str:
         f"Compression: validation, then exact top-{cfg['rank']} eigenpairs in "
         f"{cfg.get('decomposition_dtype', 'float64')} (LAPACK tridiagonalisation; the smallest "
         "eigenvalue checks positive semi-definiteness), "
-        + (f"in {cfg['processes']} worker processes (`gdacil.lowrank_stats.build_in_processes`), "
+        + (f"in {cfg['processes']} worker processes (`gdacil.stats.lowrank.build_in_processes`), "
            "which also draw the synthetic covariances: the compress column includes drawing "
            "them" if cfg.get("processes", 1) > 1 else
            "in this process; drawing the synthetic covariances is not part of the build (last "

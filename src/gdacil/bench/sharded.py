@@ -66,7 +66,7 @@ def worker(C: int, cfg: ShardedBenchConfig, out: Path) -> None:
     """One rank's part (under torchrun): build its shard, answer the queries, report."""
     from .. import distributed
     from ..heads import LRRGDA, ShardedHead
-    from ..lowrank_stats import LowRankGaussians
+    from ..stats import LowRankGaussians
 
     me = distributed.rank()
     classes = _synthetic(cfg)

@@ -182,7 +182,7 @@ class StatisticsConfig(TypedConfig):
     top-``rank`` covariance eigenpairs (eigenvectors in ``dtype``) and residual variance
     (:class:`gdacil.LowRankGaussians`), found by ``decomposition`` ("eigh" or the seeded
     "randomized"); the average covariance stays exact up to drift compensation (see
-    :mod:`gdacil.lowrank_stats`). ``rank``, ``dtype`` and ``decomposition`` apply to lowrank only.
+    :mod:`gdacil.stats.lowrank`). ``rank``, ``dtype`` and ``decomposition`` apply to lowrank only.
     """
 
     storage: str = "dense"
@@ -198,8 +198,7 @@ class StatisticsConfig(TypedConfig):
 
     def empty(self, dim: int, ddof: int):
         """Empty statistics of this storage for features of dimension ``dim``."""
-        from ..lowrank_stats import LowRankGaussians
-        from ..stats import ClassGaussians
+        from ..stats import ClassGaussians, LowRankGaussians
 
         if self.storage == "dense":
             return ClassGaussians(dim, ddof=ddof)

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from ..linalg import symmetrize
 from ..stats import ClassGaussians, ClassStatistics
+from ..stats.linalg import symmetrize
 
 __all__ = ["class_errors", "drift_report", "gaussian_w2"]
 

@@ -84,7 +84,7 @@ class HopDC(PseudoSampling, Compensator):
     jitter : float, default 0
         Sample from ``N(mu, Sigma + jitter I)``. The reference code uses 1e-4 (on LayerNorm
         features). With 0, rank-deficient covariances (classes with ``n <= d``) are sampled
-        exactly, through an eigendecomposition factor (:func:`gdacil.linalg.psd_factor`).
+        exactly, through an eigendecomposition factor (:func:`gdacil.stats.linalg.psd_factor`).
     chunk_size : int, default 1024
         Queries per attention block; peak attention memory is ``chunk_size x N``.
     class_batch : int, default 8

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import torch
 
 from .._validation import check_nonnegative
-from ..linalg import psd_cholesky
+from ..stats.linalg import psd_cholesky
 from .base import GaussianHead, stack_rows
 
 __all__ = ["LDA"]

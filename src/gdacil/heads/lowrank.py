@@ -35,10 +35,9 @@ import torch
 from .._deprecation import renamed_parameters
 from .._hardware import native_bfloat16
 from .._validation import all_finite, check_positive_int, check_seed
-from ..linalg import class_top_eigh, logdet_from_cholesky, psd_cholesky, symmetrize
-from ..lowrank_stats import LowRankGaussians
 from ..state import State
-from ..stats import ClassStatistics
+from ..stats import ClassStatistics, LowRankGaussians
+from ..stats.linalg import class_top_eigh, logdet_from_cholesky, psd_cholesky, symmetrize
 from .base import GaussianHead
 from .rgda import (
     DEFAULT_ALPHAS,

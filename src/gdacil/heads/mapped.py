@@ -1,8 +1,8 @@
 """Streaming linear heads on a fixed feature map and pooled statistics (RanPAC, ACIL, RBF-LDA).
 
 A :class:`MappedLinearHead` maps features ``x`` (the backbone's, dimension ``d``) through a seeded
-:class:`~gdacil.feature_maps.FeatureMap` ``phi`` to ``z = phi(x)`` (dimension ``M``), accumulates
-:class:`~gdacil.pooled_stats.PooledGaussians` of ``z`` (class counts and means, one pooled
+:class:`~gdacil.stats.feature_maps.FeatureMap` ``phi`` to ``z = phi(x)`` (dimension ``M``),
+accumulates :class:`~gdacil.stats.PooledGaussians` of ``z`` (class counts and means, one pooled
 scatter), and scores ``g_c(x) = w_c^T z + b_c`` with ``(W, b)`` solved from the statistics alone.
 The statistics are sums, so training task by task, or on shards merged afterwards, gives the head
 trained on everything at once. The solve is lazy: it runs at the first prediction after the
@@ -30,9 +30,9 @@ from .._validation import (
     check_positive_int,
     finite_flag,
 )
-from ..feature_maps import FeatureMap
-from ..pooled_stats import PooledGaussians
 from ..state import State, Stateful, json_params
+from ..stats import PooledGaussians
+from ..stats.feature_maps import FeatureMap
 from .base import NotFittedError, checked_parameters, finite_scores, rescaled_scores
 
 __all__ = ["DEFAULT_MAX_BYTES", "MappedLinearHead", "check_budget"]
@@ -149,7 +149,7 @@ class MappedLinearHead(Params, Presets, Stateful, ABC):
     def fit_stats(self, stats: PooledGaussians, feature_map: FeatureMap | None = None) -> MappedLinearHead:
         """Build the head from statistics of mapped features (replacing any state). Returns ``self``.
 
-        ``stats`` are :class:`~gdacil.pooled_stats.PooledGaussians` of ``feature_map(x)`` (a
+        ``stats`` are :class:`~gdacil.stats.PooledGaussians` of ``feature_map(x)`` (a
         :class:`~gdacil.ClassStatistics` is pooled first). ``feature_map`` must be the map this
         head would build (same kind, size and seed); omit it for heads without a random map.
         The statistics are copied.

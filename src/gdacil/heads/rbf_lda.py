@@ -2,10 +2,10 @@
 
 The RBF-LDA anchor head: KLDA [KLDA] and RanDumb [RanDumb] (see docs/references.md).
 
-``z = sqrt(2/D) cos(x Omega + b)`` (:class:`~gdacil.feature_maps.RandomFourier`) approximates an
-RBF kernel; LDA in that space is a kernel classifier with closed-form, exactly incremental
+``z = sqrt(2/D) cos(x Omega + b)`` (:class:`~gdacil.stats.feature_maps.RandomFourier`) approximates
+an RBF kernel; LDA in that space is a kernel classifier with closed-form, exactly incremental
 statistics: class counts and means and one pooled within-class scatter
-(:class:`~gdacil.pooled_stats.PooledGaussians`).
+(:class:`~gdacil.stats.PooledGaussians`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import cast
 import torch
 
 from .._validation import check_positive_int
-from ..feature_maps import RandomFourier
-from ..linalg import psd_cholesky
-from ..pooled_stats import PooledGaussians
+from ..stats import PooledGaussians
+from ..stats.feature_maps import RandomFourier
+from ..stats.linalg import psd_cholesky
 from .base import GaussianHead
 from .mapped import DEFAULT_MAX_BYTES, MappedLinearHead
 
@@ -71,8 +71,9 @@ class RBFLDA(MappedLinearHead):
         Number of random Fourier features ``D``.
     bandwidth : float > 0 or "auto", default "auto"
         RBF width; "auto" is the root-mean-square distance between the samples of the first
-        batch (scale-equivariant, see :func:`~gdacil.feature_maps.auto_bandwidth`). Heads fitted
-        on shards merge only when their bandwidths are equal: pass a number for sharded fitting.
+        batch (scale-equivariant, see :func:`~gdacil.stats.feature_maps.auto_bandwidth`). Heads
+        fitted on shards merge only when their bandwidths are equal: pass a number for sharded
+        fitting.
     shrinkage : "oas", float in [0, 1] or None, default "oas"
         None means no shrinkage.
     seed : int, default 0

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, cast
 import torch
 
 from .._validation import check_nonnegative
-from ..linalg import logdet_from_cholesky, psd_cholesky
+from ..stats.linalg import logdet_from_cholesky, psd_cholesky
 from .base import GaussianHead, stack_rows
 
 __all__ = ["DEFAULT_ALPHAS", "IDENTITY_SCALES", "QDA", "RGDA", "identity_scale", "regularized_covariances"]

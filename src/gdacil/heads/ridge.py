@@ -2,7 +2,7 @@
 
 Both heads solve ``W_o = (G + lam I)^{-1} Q`` with ``G = sum_i h_i h_i^T`` and
 ``Q[:, c] = sum_{i in c} h_i`` over every (mapped) sample seen, and score ``h^T W_o``. ``G`` and
-``Q`` follow exactly from :class:`~gdacil.pooled_stats.PooledGaussians` (``gram()``, ``cross()``),
+``Q`` follow exactly from :class:`~gdacil.stats.PooledGaussians` (``gram()``, ``cross()``),
 so task-by-task training, and merging heads trained on shards, both give the joint ridge on all the
 data: ACIL's recursive least squares and RanPAC's accumulated ``G, Q`` are this closed form. The
 solve is one float64 Cholesky of ``G + lam I``.
@@ -18,9 +18,9 @@ import math
 import torch
 
 from .._validation import check_nonnegative, check_positive_int
-from ..feature_maps import Identity, RandomBuffer, RandomReLU
-from ..linalg import psd_cholesky
-from ..pooled_stats import PooledGaussians
+from ..stats import PooledGaussians
+from ..stats.feature_maps import Identity, RandomBuffer, RandomReLU
+from ..stats.linalg import psd_cholesky
 from .mapped import DEFAULT_MAX_BYTES, MappedLinearHead
 from .ridge_lambda import DEFAULT_LAMBDA_GRID, lambda_floor, select_ridge_lambda
 
@@ -77,7 +77,7 @@ class RidgeHead(MappedLinearHead):
 class RanPAC(RidgeHead):
     """RanPAC's analytic head: a random ReLU projection, then ridge with a data-chosen penalty.
 
-    ``h = relu(x W)`` with ``W`` ``(d, M)`` standard normal (:class:`~gdacil.feature_maps.RandomReLU`;
+    ``h = relu(x W)`` with ``W`` ``(d, M)`` standard normal (:class:`~gdacil.stats.feature_maps.RandomReLU`;
     ``dim_out=0``: ``h = x``, plain ridge), then ``W_o = (G + lam I)^{-1} Q`` over everything seen.
 
     With ``lam="auto"``, every :meth:`partial_fit` chooses ``lam`` from THAT batch only, as RanPAC
@@ -199,7 +199,7 @@ class ACIL(RidgeHead):
     """ACIL's analytic head: a uniform random ReLU buffer, then ridge with a fixed penalty.
 
     ``h = relu(x W)`` with ``W_ij ~ U(-1/sqrt(d), 1/sqrt(d))``
-    (:class:`~gdacil.feature_maps.RandomBuffer`), then ``W_o = (G + gamma I)^{-1} Q``. ACIL
+    (:class:`~gdacil.stats.feature_maps.RandomBuffer`), then ``W_o = (G + gamma I)^{-1} Q``. ACIL
     reaches this with recursive least squares (a Woodbury update of ``(G + gamma I)^{-1}`` per
     batch); accumulating ``G, Q`` and solving once gives the same joint ridge, in less time when
     batches are many. ``gamma`` is absolute (ACIL's published 0.1), so unlike :class:`RanPAC`

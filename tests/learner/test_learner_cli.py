@@ -1,0 +1,179 @@
+"""``gdacil learn / predict / info / forget / versions / rollback`` end to end, their one-line
+errors, and the README's "Use it as a continual classifier" commands (real offline models)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import shlex
+import shutil
+from pathlib import Path
+
+from gdacil.cli import main
+
+from _assets import (
+    TINY_VIT,
+    needs_efficientnet,
+    needs_minilm,
+    needs_openclipart,
+    needs_transformers,
+)
+from test_learner import image_folder
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+TINY = ["--backbone", "vit", "--backbone-option", f"config={json.dumps(TINY_VIT)}"]
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def ok(capsys, *argv) -> str:
+    code, out, err = run(capsys, *argv)
+    assert code == 0, err
+    return out
+
+
+def fails(capsys, *argv) -> str:
+    """The error of a command that must fail: status 2 and one line on stderr."""
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and not out, (code, out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gdacil: error: "), err
+    return lines[0]
+
+
+@needs_transformers
+def test_the_commands_end_to_end(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    image_folder(tmp_path / "first", ["red", "green"], 4)
+    image_folder(tmp_path / "second", ["blue", "red"], 4, seed=1)
+    (tmp_path / "first" / "empty").mkdir()
+    out = ok(capsys, "learn", "model", "--data", "first", *TINY, "--head-param", "rank=8")
+    assert out == ("model: v1: learned 8 samples of 2 classes (2 new, 0 updated); skipped 1 "
+                   "folders without images: empty; 2 classes in all\n")
+    image_folder(tmp_path / "query", ["red", "green", "blue"], 1, seed=5)
+    listed = json.loads(ok(capsys, "predict", "model", "query/red/0.png", "query/green",
+                           "--top-k", "5"))
+    assert [r["input"] for r in listed] == ["query/red/0.png", "query/green/0.png"]
+    assert [r["predictions"][0]["class"] for r in listed] == ["red", "green"]
+    assert len(listed[0]["predictions"]) == 2  # capped at the classes the model holds
+    assert set(listed[0]["predictions"][0]) == {"class", "score", "probability"}
+    out = ok(capsys, "learn", "model", "--data", "second")
+    assert "v2: learned 8 samples of 2 classes (1 new, 1 updated); 3 classes in all" in out
+    rows = list(csv.DictReader(io.StringIO(ok(capsys, "predict", "model", "query",
+                                              "--format", "csv", "--top-k", "2"))))
+    assert [(r["input"], r["rank"], r["class"]) for r in rows[::2]] == [
+        ("query/blue/0.png", "1", "blue"), ("query/green/0.png", "1", "green"),
+        ("query/red/0.png", "1", "red")]
+    assert float(rows[0]["probability"]) >= float(rows[1]["probability"])
+    info = json.loads(ok(capsys, "info", "model", "--format", "json"))
+    assert info["classes"] == {"red": 8, "green": 4, "blue": 4} and info["versions"] == 2
+    assert info["head"] == {"name": "lr_rgda", "params": {"rank": 8}}
+    text = ok(capsys, "info", "model")
+    assert re.search(r"^classes +3: green \(4\), red \(8\), blue \(4\)$", text, re.M)
+    assert "(version v2 of 2)" in text and "(image, 32-d)" in text
+    assert ok(capsys, "forget", "model", "--class", "green", "--class", "blue") == (
+        "model: v3: forgot green, blue; 1 classes left\n")
+    listing = ok(capsys, "versions", "model").splitlines()
+    assert [line[:4] for line in listing] == ["  v1", "  v2", "* v3"]
+    assert "learned 8 samples from second (1 new classes, 1 updated)" in listing[1]
+    assert listing[2].endswith("forgot green, blue")
+    assert ok(capsys, "rollback", "model", "v2") == "model: v2 is current again (3 classes)\n"
+    assert json.loads(ok(capsys, "predict", "model", "query/blue/0.png"))[0]["predictions"][0][
+        "class"] == "blue"
+    old = json.loads(ok(capsys, "predict", "model", "query", "--version", "v1"))
+    assert {r["predictions"][0]["class"] for r in old} <= {"red", "green"}
+    assert [v["version"] for v in json.loads(ok(capsys, "versions", "model", "--format",
+                                                "json")) if v["current"]] == ["v2"]
+
+
+@needs_transformers
+def test_errors_are_one_line_with_status_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    image_folder(tmp_path / "photos", ["red", "green"], 3)
+    ok(capsys, "learn", "model", "--data", "photos", *TINY)
+    assert "unknown class 'gren'; did you mean 'green'?" in fails(
+        capsys, "forget", "model", "--class", "gren")
+    Path("texts.csv").write_text("text,label\nhello,a\n")
+    assert "texts.csv holds texts, but this model's backbone 'vit' takes images" in fails(
+        capsys, "learn", "model", "--data", "texts.csv")
+    assert "no such image file or folder: 'hello world' (model classifies images)" in fails(
+        capsys, "predict", "model", "hello world")
+    (tmp_path / "empty" / "red").mkdir(parents=True)
+    assert "no images found under empty" in fails(capsys, "learn", "model", "--data", "empty")
+    assert "no model at missing (create one with: gdacil learn missing --data PATH)" in fails(
+        capsys, "predict", "missing", "photos/red/0.png")
+    assert "already exists with backbone 'vit'; --backbone applies only when a model is " \
+           "created" in fails(capsys, "learn", "model", "--data", "photos",
+                              "--backbone", "minilm")
+    assert "photos is not empty and not a gdacil model" in fails(
+        capsys, "learn", "photos", "--data", "photos")
+    assert "'ranpac' learns from features" in fails(
+        capsys, "learn", "new", "--data", "photos", *TINY, "--head", "ranpac")
+    assert "--head-param 'rank': expected KEY=VALUE" in fails(
+        capsys, "learn", "new", "--data", "photos", "--head-param", "rank")
+    assert "has no version v7" in fails(capsys, "rollback", "model", "v7")
+    shutil.copytree("model", "broken")
+    stats = Path("broken/versions/v1/statistics/0.safetensors")
+    stats.write_bytes(stats.read_bytes()[:-1] + b"\0")
+    line = fails(capsys, "predict", "broken", "photos/red/0.png")
+    assert str(stats) in line and "does not match the sha256" in line
+    assert str(stats) in fails(capsys, "info", "broken")
+    assert not Path("new").exists()  # failed learns write nothing
+
+
+def readme_commands() -> list[str]:
+    """The ``gdacil`` command lines of the README's "Use it as a continual classifier"."""
+    text = README.read_text()
+    section = text.split("## Use it as a continual classifier", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
+    return [line for block in blocks for line in block.splitlines() if line.strip()]
+
+
+TICKETS = [("I was charged twice for my subscription", "billing"),
+           ("My invoice shows the wrong amount", "billing"),
+           ("Please refund the last payment", "billing"),
+           ("The app crashes when I open settings", "bugs"),
+           ("Login fails with an error message", "bugs"),
+           ("The page freezes after I click save", "bugs"),
+           ("How do I change my email address", "account"),
+           ("I want to delete my account", "account"),
+           ("Reset my password please", "account")]
+
+
+@needs_openclipart
+@needs_efficientnet
+@needs_minilm
+def test_the_readme_commands_run(tmp_path, capsys, monkeypatch):
+    """Every command of the README section, as written, on the offline openclipart images
+    (EfficientNet-Lite0) and a small CSV of support tickets (MiniLM)."""
+    monkeypatch.chdir(tmp_path)
+    with open("tickets.csv", "w", newline="") as fh:
+        csv.writer(fh).writerows([("body", "queue"), *TICKETS])
+    commands = readme_commands()
+    assert [c.split()[1] for c in commands] == ["learn", "predict", "learn", "predict", "info",
+                                                "forget", "versions", "rollback", "learn",
+                                                "predict"]
+    outputs = []
+    for command in commands:
+        argv = shlex.split(command)
+        assert argv[0] == "gdacil", command
+        outputs.append(ok(capsys, *argv[1:]))
+    # images neither learn took (they take 10 per class): the pig is still a mammal after the
+    # plants came
+    first, second = json.loads(outputs[1]), list(csv.DictReader(io.StringIO(outputs[3])))
+    assert len(first[0]["predictions"]) == 3
+    assert "mammals" in [p["class"] for p in first[0]["predictions"]]
+    assert [r["rank"] for r in second] == ["1", "2", "3"] * 2
+    assert "flowers" in [r["class"] for r in second[:3]]
+    assert "mammals" in [r["class"] for r in second[3:]]
+    assert "classes      9:" in outputs[4]
+    assert outputs[5] == "clipart-model: v3: forgot fantasy; 8 classes left\n"
+    assert outputs[7] == "clipart-model: v2 is current again (9 classes)\n"
+    tickets = json.loads(outputs[9])
+    assert [t["predictions"][0]["class"] for t in tickets] == ["billing", "bugs"]

@@ -1,0 +1,386 @@
+"""``gdacil serve``: a real HTTP client against a running server (uvicorn in a thread).
+
+Answers over HTTP equal :meth:`Learner.predict` in this process; 8 concurrent clients are all
+answered correctly; every answer given while a learn runs is exactly one saved version's answer;
+versions saved by other processes are swapped in; bad requests get 4xx with a message. The
+learners are the tiny random ViT of tests/learner/test_learner.py; one test serves the real MiniLM.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+from gdacil.learner import Learner, rollback, versions
+from gdacil.learner.serve import ModelService, RequestError, create_app
+
+from _assets import needs_minilm, needs_serve, needs_transformers
+from test_learner import colour_set, tiny_learner
+
+pytestmark = [needs_serve, needs_transformers]
+COLOURS = ["red", "green", "blue"]
+
+
+def png_base64(pixels: np.ndarray) -> str:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+@contextmanager
+def running(service: ModelService):
+    """``service`` behind uvicorn on a free local port; yields the base URL."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=0,
+                                           log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def call(url: str, path: str, payload=None, *, raw: bytes | None = None) -> tuple[int, dict]:
+    """``(status, JSON body)`` of a GET (no payload) or POST."""
+    data = raw if raw is not None else (None if payload is None else json.dumps(payload).encode())
+    request = urllib.request.Request(url + path, data=data,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def colour_model(tmp_path):
+    """A tiny image model of three colours, saved as ``tmp_path/model`` (version v1)."""
+    learner = tiny_learner()
+    learner.learn(*colour_set(COLOURS, 8))
+    learner.save(tmp_path / "model")
+    return tmp_path / "model"
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    return colour_model(tmp_path)
+
+
+def queries(n: int, seed: int) -> list[np.ndarray]:
+    return colour_set(COLOURS, n, seed=seed)[0]
+
+
+def expected(model_dir, images, top_k: int, version=None) -> list[list[dict]]:
+    learner = Learner.load(model_dir, version)
+    return [p.to_list() for p in learner.predict(images, top_k=top_k)]
+
+
+def assert_same(answer: list[list[dict]], reference: list[list[dict]]) -> None:
+    """Same classes in the same order; scores and probabilities equal up to float32 round-off
+    (a batch of another size may sum in another order)."""
+    assert [[e["class"] for e in a] for a in answer] == [[e["class"] for e in r] for r in reference]
+    for key in ("score", "probability"):
+        got = np.array([[e[key] for e in a] for a in answer])
+        want = np.array([[e[key] for e in r] for r in reference])
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------------- answers
+def test_predict_over_http_equals_the_learner(model_dir):
+    images = queries(3, seed=5)
+    reference = expected(model_dir, images, top_k=2)
+    with running(ModelService(model_dir, poll=0)) as url:
+        status, health = call(url, "/health")
+        assert (status, health) == (200, {"status": "ok", "version": "v1", "classes": 3})
+        status, answer = call(url, "/predict", {"inputs": [png_base64(x) for x in images],
+                                                "top_k": 2})
+        assert status == 200 and answer["version"] == "v1"
+        assert_same(answer["predictions"], reference)
+        data_url = "data:image/png;base64," + png_base64(images[0])
+        status, one = call(url, "/predict", {"inputs": [data_url]})
+        assert status == 200
+        assert_same(one["predictions"], [reference[0][:1]])
+        status, info = call(url, "/info")
+        assert status == 200 and info["classes"] == {"red": 8, "green": 8, "blue": 8}
+        assert info["server"]["allow_learn"] is False
+
+
+def test_eight_concurrent_clients_are_all_answered_correctly(model_dir):
+    requests = [queries(1 + c % 3, seed=10 + c) for c in range(8)]
+    reference = [expected(model_dir, images, top_k=3) for images in requests]
+    answers: dict[int, list] = {}
+    errors = []
+
+    def client(c: int) -> None:
+        try:
+            for _ in range(4):
+                status, answer = call(url, "/predict", {
+                    "inputs": [png_base64(x) for x in requests[c]], "top_k": 3})
+                assert status == 200, answer
+                answers.setdefault(c, []).append(answer["predictions"])
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    with running(ModelService(model_dir, poll=0, max_batch=16)) as url:
+        threads = [threading.Thread(target=client, args=(c,)) for c in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert not errors, errors
+    for c in range(8):
+        assert len(answers[c]) == 4
+        for answer in answers[c]:
+            assert_same(answer, reference[c])
+
+
+def test_a_request_failing_in_the_model_fails_alone(model_dir):
+    """A request whose input fails in the backbone gets its own 400; others are answered."""
+    from gdacil.learner.serve import PredictRequest
+
+    service = ModelService(model_dir, poll=0).start()
+    try:
+        good = service.prepare({"inputs": [png_base64(x) for x in queries(1, seed=3)],
+                                "top_k": 2})  # one image of each colour
+        bad = PredictRequest([np.zeros((4, 4, 7), np.uint8)], [1.0], 1)
+        futures = [service.submit(r) for r in (good, bad, good)]
+        assert [len(p) for p in service.answer(good, futures[0].result(60))["predictions"]] \
+            == [2, 2, 2]
+        assert service.answer(good, futures[2].result(60))["version"] == "v1"
+        with pytest.raises(ValueError, match="image arrays"):
+            futures[1].result(60)
+        assert service.health()["status"] == "ok"
+    finally:
+        service.close()
+
+
+# ---------------------------------------------------------------------- learning and swaps
+def test_predictions_during_a_learn_are_each_one_saved_version(model_dir):
+    images = queries(2, seed=7)
+    before = expected(model_dir, images, top_k=2)
+    payload = {"inputs": [png_base64(x) for x in images], "top_k": 2}
+    seen: list[dict] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            status, answer = call(url, "/predict", payload)
+            assert status == 200, answer
+            seen.append(answer)
+
+    new, labels = colour_set(["yellow", "purple"], 8, seed=2)
+    with running(ModelService(model_dir, poll=0, allow_learn=True)) as url:
+        readers = [threading.Thread(target=client) for _ in range(2)]
+        for reader in readers:
+            reader.start()
+        status, learned = call(url, "/learn", {"inputs": [png_base64(x) for x in new],
+                                               "labels": labels})
+        time.sleep(0.5)
+        stop.set()
+        for reader in readers:
+            reader.join()
+        assert status == 200, learned
+        assert (learned["version"], learned["new"], learned["classes"]) == \
+            ("v2", ["yellow", "purple"], 5)
+        assert call(url, "/health")[1]["version"] == "v2"
+    after = expected(model_dir, images, top_k=2, version="v2")
+    assert {a["version"] for a in seen} <= {"v1", "v2"} and seen[-1]["version"] == "v2"
+    for answer in seen:
+        assert_same(answer["predictions"], before if answer["version"] == "v1" else after)
+    # the learned version is the one a fresh load predicts with: all five classes
+    assert set(Learner.load(model_dir).classes) == {*COLOURS, "yellow", "purple"}
+
+
+def test_versions_saved_by_other_processes_are_swapped_in(model_dir):
+    with running(ModelService(model_dir, poll=0.05)) as url:
+        other = Learner.load(model_dir)
+        other.learn(*colour_set(["yellow"], 6, seed=4))
+        other.save(model_dir)
+        wait_for(lambda: call(url, "/health")[1] == {"status": "ok", "version": "v2",
+                                                      "classes": 4})
+        rollback(model_dir, "v1")
+        wait_for(lambda: call(url, "/health")[1]["version"] == "v1")
+
+
+def test_a_learn_racing_another_writer_is_refused_and_writes_nothing(model_dir):
+    service = ModelService(model_dir, poll=0, allow_learn=True)
+    other = Learner.load(model_dir)
+    other.learn(*colour_set(["yellow"], 6, seed=4))
+    other.save(model_dir)  # v2, written after the service loaded v1
+    new, labels = colour_set(["purple"], 6, seed=2)
+    with pytest.raises(RequestError) as err:
+        service.learn({"inputs": [png_base64(x) for x in new], "labels": labels})
+    assert err.value.status == 409
+    assert [v.name for v in versions(model_dir)] == ["v1", "v2"]
+    assert service.learner.version == "v1" and "purple" not in service.learner.classes
+
+
+def wait_for(condition, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+# ---------------------------------------------------------------------- bad requests
+def test_bad_requests_get_4xx_with_a_message(model_dir):
+    from PIL import Image
+
+    image = png_base64(queries(1, seed=1)[0])
+    buffer = io.BytesIO()
+    Image.new("RGB", (300, 300)).save(buffer, format="PNG")
+    big = base64.b64encode(buffer.getvalue()).decode()
+    cases = [
+        ({"inputs": []}, 400, "non-empty list"),
+        ({"inputs": "abc"}, 400, "non-empty list"),
+        ({"inputs": [3]}, 400, "inputs[0] is a int"),
+        ({"inputs": ["not base64!"]}, 400, "inputs[0] is not base64"),
+        ({"inputs": [base64.b64encode(b"plain text").decode()]}, 400, "not an image"),
+        ({"inputs": [image], "top_k": 0}, 400, "'top_k' must be a positive integer"),
+        ({"inputs": [image], "topk": 2}, 400, "unknown fields: topk"),
+        ({"inputs": [image] * 5}, 400, "5 inputs in one request; at most 4"),
+        ({"inputs": [big]}, 400, "300x300 pixels; at most 10000"),
+        ([1, 2], 400, "the body must be a JSON object"),
+    ]
+    service = ModelService(model_dir, poll=0, max_inputs=4, max_pixels=10_000, max_body=32768)
+    with running(service) as url:
+        for payload, status, message in cases:
+            got, answer = call(url, "/predict", payload)
+            assert (got, message in answer.get("error", "")) == (status, True), (payload, answer)
+        got, answer = call(url, "/predict", raw=b"{not json")
+        assert got == 400 and "bad request body" in answer["error"]
+        got, answer = call(url, "/predict", {"inputs": ["x" * 40000]})
+        assert got == 413 and "over 32768 bytes" in answer["error"]
+        assert chunked_post(url, "/predict", [b'{"inputs": ["', b"x" * 40000, b'"]}']) == 413
+        got, answer = call(url, "/learn", {"inputs": [image], "labels": ["red"]})
+        assert got == 403 and "--allow-learn" in answer["error"]
+        assert call(url, "/health")[0] == 200  # still serving
+
+
+def chunked_post(url: str, path: str, chunks: list[bytes]) -> int:
+    """The status of a POST whose body streams in chunks, without a Content-Length."""
+    import http.client
+
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        connection.request("POST", path, body=iter(chunks), encode_chunked=True,
+                           headers={"Content-Type": "application/json"})
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+def test_bad_learn_requests_change_nothing(model_dir):
+    image = png_base64(queries(1, seed=1)[0])
+    with running(ModelService(model_dir, poll=0, allow_learn=True)) as url:
+        for payload, message in [
+            ({"inputs": [image], "labels": []}, "one per input"),
+            ({"inputs": [image], "labels": [""]}, "labels[0]: empty label"),
+            ({"inputs": [image], "labels": ["red"], "top_k": 1}, "unknown fields: top_k"),
+        ]:
+            got, answer = call(url, "/learn", payload)
+            assert got == 400 and message in answer["error"], answer
+        assert call(url, "/health")[1]["version"] == "v1"
+    assert [v.name for v in versions(model_dir)] == ["v1"]
+
+
+# ---------------------------------------------------------------------- the command and text
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_serving(process: subprocess.Popen, url: str) -> None:
+    """Wait until the ``gdacil serve`` in ``process`` answers ``/health`` at ``url``."""
+    def up() -> bool:
+        assert process.poll() is None, process.stdout.read()
+        try:
+            return call(url, "/health")[0] == 200
+        except OSError:
+            return False
+
+    wait_for(up, seconds=120)
+
+
+def test_gdacil_serve_command(model_dir):
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "gdacil", "serve", str(model_dir),
+                                "--port", str(port), "--poll", "0", "--log-level", "warning"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_serving(process, url)
+        images = queries(1, seed=9)
+        status, answer = call(url, "/predict", {"inputs": [png_base64(x) for x in images]})
+        assert status == 200
+        assert_same(answer["predictions"], expected(model_dir, images, top_k=1))
+    finally:
+        process.terminate()
+        output = process.communicate(timeout=60)[0]
+    assert f"serving {model_dir} (version v1, 3 classes) on http://127.0.0.1:{port}" in output
+
+
+@needs_minilm
+def test_text_model_under_concurrent_clients_while_learning(tmp_path):
+    texts = {"billing": ["I was charged twice this month", "refund my last invoice please",
+                         "my card payment failed"],
+             "login": ["I cannot sign in to my account", "password reset link is broken",
+                       "two-factor code never arrives"]}
+    learner = Learner("minilm")
+    learner.learn([t for ts in texts.values() for t in ts],
+                  [c for c, ts in texts.items() for _ in ts])
+    learner.save(tmp_path / "tickets")
+    asks = [["the invoice amount is wrong"], ["locked out after too many attempts"],
+            ["charged for a plan I cancelled", "my login page keeps reloading"]]
+    reference = {tuple(a): [p.to_list() for p in learner.predict(a, top_k=2)] for a in asks}
+    errors, seen = [], []
+
+    def client(c: int) -> None:
+        try:
+            for k in range(3):
+                ask = asks[(c + k) % len(asks)]
+                status, answer = call(url, "/predict", {"inputs": ask, "top_k": 2})
+                assert status == 200, answer
+                seen.append((tuple(ask), answer))
+        except BaseException as exc:
+            errors.append(exc)
+
+    with running(ModelService(tmp_path / "tickets", poll=0, allow_learn=True)) as url:
+        threads = [threading.Thread(target=client, args=(c,)) for c in range(8)]
+        for thread in threads:
+            thread.start()
+        status, learned = call(url, "/learn", {
+            "inputs": ["where is my parcel", "the delivery is late", "tracking shows nothing"],
+            "labels": ["shipping"] * 3})
+        for thread in threads:
+            thread.join()
+    assert not errors, errors
+    assert status == 200 and learned["new"] == ["shipping"]
+    after = Learner.load(tmp_path / "tickets", "v2")
+    for ask, answer in seen:
+        want = reference[ask] if answer["version"] == "v1" else \
+            [p.to_list() for p in after.predict(list(ask), top_k=2)]
+        assert_same(answer["predictions"], want)
