@@ -22,4 +22,10 @@ def __getattr__(name: str):
         from .learner import Learner
 
         return Learner
+    from ._deprecation import MOVED_MODULES
+
+    if f"{__name__}.{name}" in MOVED_MODULES:  # a module that moved: its shim warns
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'gdacil' has no attribute {name!r}")

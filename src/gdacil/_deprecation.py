@@ -1,4 +1,5 @@
-"""Renamed keyword arguments: the old name keeps working, with a ``FutureWarning``."""
+"""Deprecations: renamed keyword arguments and moved modules keep working, with a
+``FutureWarning``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-__all__ = ["accepted_parameters", "current_names", "renamed_parameters"]
+__all__ = [
+    "MOVED_MODULES",
+    "accepted_parameters",
+    "current_names",
+    "moved_module",
+    "renamed_parameters",
+]
 
 _R = TypeVar("_R")
 
@@ -83,3 +90,22 @@ def accepted_parameters(func: Callable[..., Any]) -> set[str]:
     func = getattr(func, "__init__", func) if isinstance(func, type) else func
     names = set(inspect.signature(func).parameters) - {"self"}
     return names | set(_renames_of(func))
+
+
+#: Modules that moved, old name -> new name. Each old module stays one release as a shim that
+#: re-exports the new module's public names and warns on import (:func:`moved_module`); nothing
+#: in gdacil or its tests imports a shim.
+MOVED_MODULES: dict[str, str] = {
+    "gdacil.feature_maps": "gdacil.stats.feature_maps",
+    "gdacil.linalg": "gdacil.stats.linalg",
+    "gdacil.lowrank_stats": "gdacil.stats.lowrank",
+    "gdacil.pooled_stats": "gdacil.stats.pooled",
+}
+
+
+def moved_module(old: str) -> None:
+    """Warn that module ``old`` moved to ``MOVED_MODULES[old]``: called by the shim left at the
+    old name, the ``FutureWarning`` points at the import of the code using it."""
+    # 1: here, 2: the shim's body, 3: the import (the import system's frames are skipped)
+    warnings.warn(f"{old} is deprecated and will be removed; import from {MOVED_MODULES[old]}",
+                  FutureWarning, stacklevel=3)

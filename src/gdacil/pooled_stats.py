@@ -1,0 +1,11 @@
+"""Deprecated: this module moved to :mod:`gdacil.stats.pooled`.
+
+It re-exports that module's public names, with a ``FutureWarning`` on import, for one release.
+"""
+
+from ._deprecation import moved_module
+from .stats.pooled import PooledGaussians
+
+__all__ = ["PooledGaussians"]
+
+moved_module(__name__)
