@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import warnings
 from collections.abc import Callable, Mapping
@@ -103,9 +104,15 @@ MOVED_MODULES: dict[str, str] = {
 }
 
 
-def moved_module(old: str) -> None:
+def moved_module(old: str, namespace: dict[str, Any] | None = None) -> None:
     """Warn that module ``old`` moved to ``MOVED_MODULES[old]``: called by the shim left at the
-    old name, the ``FutureWarning`` points at the import of the code using it."""
+    old name, the ``FutureWarning`` points at the import of the code using it. With
+    ``namespace`` (the shim's ``globals()``), first give the shim the new module's public names
+    (its ``__all__``)."""
+    if namespace is not None:
+        new = importlib.import_module(MOVED_MODULES[old])
+        namespace["__all__"] = list(new.__all__)
+        namespace.update({name: getattr(new, name) for name in new.__all__})
     # 1: here, 2: the shim's body, 3: the import (the import system's frames are skipped)
     warnings.warn(f"{old} is deprecated and will be removed; import from {MOVED_MODULES[old]}",
                   FutureWarning, stacklevel=3)

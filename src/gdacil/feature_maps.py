@@ -4,22 +4,5 @@ It re-exports that module's public names, with a ``FutureWarning`` on import, fo
 """
 
 from ._deprecation import moved_module
-from .stats.feature_maps import (
-    FeatureMap,
-    Identity,
-    RandomBuffer,
-    RandomFourier,
-    RandomReLU,
-    auto_bandwidth,
-)
 
-__all__ = [
-    "FeatureMap",
-    "Identity",
-    "RandomBuffer",
-    "RandomFourier",
-    "RandomReLU",
-    "auto_bandwidth",
-]
-
-moved_module(__name__)
+moved_module(__name__, globals())

@@ -4,8 +4,5 @@ It re-exports that module's public names, with a ``FutureWarning`` on import, fo
 """
 
 from ._deprecation import moved_module
-from .stats.lowrank import LowRankFactors, LowRankGaussians, build_in_processes
 
-__all__ = ["LowRankFactors", "LowRankGaussians", "build_in_processes"]
-
-moved_module(__name__)
+moved_module(__name__, globals())

@@ -4,8 +4,5 @@ It re-exports that module's public names, with a ``FutureWarning`` on import, fo
 """
 
 from ._deprecation import moved_module
-from .stats.pooled import PooledGaussians
 
-__all__ = ["PooledGaussians"]
-
-moved_module(__name__)
+moved_module(__name__, globals())
