@@ -459,7 +459,7 @@ def test_learn_logs_its_progress_when_there_are_no_progress_bars(tmp_path, monke
     finally:
         module.logger.removeHandler(handler)
         module.logger.setLevel(logging.NOTSET)
-    assert lines[0] == "learn: extracted 8 of 18 images (44%), about 8 s left", lines
+    assert lines[0] == "learn: extracted 8 of 18 images (44%), about 8s left", lines
     assert len(lines) == 2 and lines[1].startswith("learn: extracted 16 of 18 images (88%)")
     # the features are those of one call: the chunks are extract_features' own
     assert torch.equal(learner.statistics.means, plain.statistics.means)
@@ -482,7 +482,7 @@ def test_cli_learn_progress_lines_and_quiet(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(module.Learner, "_extract", small_batches)
     code, _, err = run(capsys, "learn", "model", "--data", "photos", *TINY)
     assert code == 0, err
-    assert "gdacil: learn: extracted 4 of 12 images (33%), about 12 s left\n" in err, err
+    assert "gdacil: learn: extracted 4 of 12 images (33%), about 12s left\n" in err, err
     code, _, err = run(capsys, "-q", "learn", "model", "--data", "photos")
     assert code == 0 and "extracted" not in err
 

@@ -55,6 +55,7 @@ import torch
 from .. import __version__
 from ..cil.config import ConfigError
 from ..cil.model import IncrementalModel, TaskData, backbone_weights, task_seed
+from ..cil.progress import format_duration
 from ..data import extract_features
 from ..io import CorruptFileError
 from ..registry import UnknownNameError
@@ -490,7 +491,7 @@ class Learner:
                 left = (now - start) / done * (len(keys) - done)
                 logger.info("%s: extracted %s of %s %s (%d%%), about %s left", what,
                             f"{done:,}", f"{len(keys):,}", noun, 100 * done // len(keys),
-                            _duration(left))
+                            format_duration(left))
                 last = now
         return torch.cat(parts)
 
@@ -831,15 +832,6 @@ def _portable(value):
     if isinstance(value, list):
         return [_portable(v) for v in value]
     return value
-
-
-def _duration(seconds: float) -> str:
-    """``"40 s"``, ``"3 min"``, ``"1.5 h"``: a rough time left."""
-    if seconds < 90:
-        return f"{max(1, round(seconds))} s"
-    if seconds < 5400:
-        return f"{round(seconds / 60)} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def _jsonable(value):
