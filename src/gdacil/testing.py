@@ -271,12 +271,12 @@ class HeadContract:
     def make_head(self, **kw: Any) -> GaussianHead:
         """A new, unfitted head; ``kw`` (``priors``, ``dtype``, ``class_batch_size``) must reach
         the constructor."""
-        raise NotImplementedError(f"{type(self).__name__} must define make_head(self, **kw)")
+        raise NotImplementedError(f"{type(self).__name__} must define make_head(self, **kw)")  # intended: the subclass gives it
 
     def reference(self, stats: ClassStatistics, X: torch.Tensor) -> torch.Tensor:
         """The scores ``(n, C)`` the head should give ``X`` once fitted on ``stats``, computed
         independently of the head (:func:`gaussian_scores` for a Gaussian head)."""
-        raise NotImplementedError(f"{type(self).__name__} must define reference(self, stats, X)")
+        raise NotImplementedError(f"{type(self).__name__} must define reference(self, stats, X)")  # intended: the subclass gives it
 
     def check(self) -> list[str]:
         """Run every check (each ``test_*`` method, in the order they are defined) and return

@@ -104,7 +104,7 @@ class EfficientNetLite0Backbone(ImageBackbone):
         return {**super().config(), "pretrained": self.pretrained, "seed": self.seed}
 
     def blocks(self) -> list[BlockLinears]:
-        raise NotImplementedError(
+        raise NotImplementedError(  # intended: a CNN has no transformer blocks
             f"{self.name} is a convolutional network: it has no transformer blocks (MLP fc1/fc2), "
             f"so block-wise strategies (MLP-only fine-tuning, LoRA) do not apply; fine-tune "
             f"model.parameters() directly"

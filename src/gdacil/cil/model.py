@@ -147,11 +147,6 @@ class IncrementalModel:
                       for track in self.compensators}
         self.streaming = dict(streaming or {})
 
-    @property
-    def classes(self) -> list[int]:
-        """The class labels learned, in the order of the statistics (of the first track)."""
-        return next(iter(self.tracks.values())).classes if self.tracks else []
-
     def trains_on(self, task: int) -> bool:
         """Whether the strategy trains the backbone on task ``task``."""
         return self.strategy is not None and self.strategy.trains_on(task)

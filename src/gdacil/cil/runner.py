@@ -242,7 +242,7 @@ class _SeedRun:
 
         timing = self.model.learn_task(t, TaskData(
             keys=task.train.ids, labels=torch.tensor(task.train.labels, dtype=torch.int64),
-            samples=self.tasks.load(task.train.ids) if self.strategy.trains_on(t) else (),
+            samples=self.tasks.load(task.train.ids) if self.model.trains_on(t) else (),
             features=self.features, anchors=anchors, anchor_rows=self._track_rows,
             old_classes=old_classes),
             on_step=self._on_step(t), on_compensated=diagnosed if diagnose else None)

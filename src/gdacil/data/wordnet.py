@@ -208,7 +208,7 @@ class _WordNetClasses(ListedDataset):
 
     def _build(self) -> tuple[list[str], list[tuple[str, ...]], set[str]]:
         """Class names, sorted member keys per class, and keys that are neither (roots)."""
-        raise NotImplementedError
+        raise NotImplementedError  # intended: each WordNet protocol builds its own classes
 
     def load(self, ids: Sequence[str]) -> list[str]:
         syn = self.wordnet.synsets

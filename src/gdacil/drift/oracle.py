@@ -108,7 +108,7 @@ class Oracle(Compensator):
         return self
 
     def _fit(self, old, new) -> None:  # pragma: no cover - fit is overridden
-        raise NotImplementedError
+        raise NotImplementedError  # intended: the oracle is fitted on statistics, not anchors
 
     def _transform(self, stats, labels):
         missing = [c for c in labels if c not in self.stats_]

@@ -51,7 +51,7 @@ class RidgeHead(MappedLinearHead):
     """
 
     def _penalty(self) -> float:
-        raise NotImplementedError
+        raise NotImplementedError  # intended: RanPAC and ACIL choose their own penalty
 
     def _start_state(self) -> None:
         self.lam_ = self._penalty()

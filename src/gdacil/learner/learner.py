@@ -499,9 +499,6 @@ class Learner:
         return self._extract([str(i) for i in range(len(raws))],
                              lambda keys: [raws[int(k)] for k in keys])
 
-    def _features_of(self, samples: Samples, load, progress: bool) -> torch.Tensor:
-        return self._extract(list(samples.keys), load, progress)
-
     # ------------------------------------------------------------------ prediction
     def predict(self, inputs, top_k: int = 1, *, probabilities: bool = True,
                 progress: bool = False) -> list[Prediction]:

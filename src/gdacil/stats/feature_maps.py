@@ -114,7 +114,7 @@ class FeatureMap:
 
     def _draw(self) -> tuple[torch.Tensor, ...]:
         """The weights in float64 on the CPU, drawn from ``torch.Generator().manual_seed(seed)``."""
-        raise NotImplementedError
+        raise NotImplementedError  # intended: each feature map draws its own weights
 
     def weights(self, dtype: torch.dtype | str = "float64") -> tuple[torch.Tensor, ...]:
         """The map's weights (cached per dtype), regenerated from the seed on first use."""
@@ -179,7 +179,7 @@ class FeatureMap:
             yield start, stop, self._apply(X[start:stop], weights)
 
     def _apply(self, X: torch.Tensor, weights) -> torch.Tensor:
-        raise NotImplementedError
+        raise NotImplementedError  # intended: each feature map applies its own weights
 
 
 class Identity(FeatureMap):
