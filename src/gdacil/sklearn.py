@@ -116,6 +116,22 @@ them and emits a ``gdacil.stats.linalg.NumericalWarning``. (A class whose sample
 also has a zero covariance, which unregularised QDA turns into a near point mass: use
 ``reg_param > 0`` when that can happen.)
 
+Forgetting
+----------
+``forget(classes)`` takes classes out of ``stats_`` and rebuilds ``head_`` without them: the
+estimator then predicts as one fitted on the samples of the other classes only, to round-off,
+with ``classes_`` shorter, and neither its head nor its statistics hold anything of the classes.
+The per-class statistics simply lose their rows; the mapped heads pool every class's scatter into
+one matrix, so they forget only when built with ``forgettable=True``, which keeps each class's
+scatter as well (see :class:`~gdacil.heads.MappedLinearHead`) and needs ``lam`` and ``bandwidth``
+numeric (a value chosen from samples cannot be un-chosen). A label not in ``classes_``, priors
+given as an array (they would no longer match the classes) and a mapped head that is not
+forgettable raise a ``ValueError`` and change nothing; forgetting every class leaves the
+estimator unfitted. If rebuilding the head fails, the statistics have lost the classes already:
+the estimator is then unfitted until the next ``partial_fit`` rebuilds it from them. LR-RGDA
+with ``decomposition="randomized"`` seeds each class by its internal id, which a fit that never
+saw the classes may number otherwise (see above).
+
 Errors
 ------
 Input is validated by scikit-learn's ``validate_data``: NaN or inf, a wrong number of dimensions
@@ -198,6 +214,11 @@ _PARAMETER_DOCS = {
         Largest state (statistics plus the work space of a build or solve) the head accepts;
         larger configurations are refused with a ``ValueError`` before memory is allocated.
         None disables the check.""",
+    "forgettable": """\
+    forgettable : bool, default False
+        Keep each class's scatter besides the pooled one, so that :meth:`forget` can take a
+        class out exactly (up to ``8 M^2`` bytes more per class: see the head). Needs the
+        data-chosen settings numeric (``lam``, ``bandwidth``); fixed by the first batch.""",
 }
 
 _SHARED_ATTRIBUTES = """\
@@ -411,7 +432,7 @@ class _GaussianClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"The number of classes has to be greater than one; got "
                              f"{labels.size} class ({labels[:1].tolist()}); partial_fit accepts "
                              "one class at a time")
-        counts = np.bincount(y_ids, minlength=labels.size).astype(np.float64)
+        counts = np.bincount(y_ids, minlength=int(class_ids.max()) + 1).astype(np.float64)
         if not reset:
             counts[self.stats_.classes] += self.stats_.counts.cpu().numpy()
         self._check_class_counts(labels, counts[class_ids])
@@ -422,11 +443,80 @@ class _GaussianClassifier(ClassifierMixin, BaseEstimator):
 
         stats, head = self._apply_batch(_as_tensor(X), torch.from_numpy(y_ids), kwargs, reset=reset)
         self.stats_, self.head_ = stats, head
-        self.classes_, self._class_ids = labels, class_ids
-        self._columns = stats.positions(class_ids.tolist())
-        self._labels_by_id = np.empty_like(labels)
-        self._labels_by_id[class_ids] = labels
+        self._set_classes(labels, class_ids)
         return self
+
+    def _set_classes(self, labels: np.ndarray, class_ids: np.ndarray) -> None:
+        """``classes_`` and the maps between labels, internal ids and the head's columns."""
+        self.classes_, self._class_ids = labels, class_ids
+        self._columns = self.stats_.positions(class_ids.tolist())
+        self._labels_by_id = np.empty(int(class_ids.max()) + 1, dtype=labels.dtype)
+        self._labels_by_id[class_ids] = labels
+
+    # ------------------------------------------------------------- forgetting
+    def forget(self, classes):
+        """Forget classes: take them out of the statistics and rebuild the head without them.
+
+        The estimator then predicts as one fitted on the samples of the other classes only,
+        to round-off (see "Forgetting" in :mod:`gdacil.sklearn`), and its head and statistics
+        hold nothing of the classes. Forgetting every class leaves it unfitted.
+
+        Parameters
+        ----------
+        classes : label or array-like of labels
+            Labels of ``classes_``.
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        ValueError
+            Before anything changes: a label not in ``classes_`` (named); ``priors`` given as
+            an array, which would no longer match the classes (give a mapping); RanPAC, ACIL
+            or RBF-LDA not built with ``forgettable=True``.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from gdacil.sklearn import LDAClassifier
+        >>> rng = np.random.default_rng(0)
+        >>> X, y = rng.normal(size=(90, 3)), np.repeat(["cat", "dog", "owl"], 30)
+        >>> clf = LDAClassifier().fit(X, y).forget("dog")
+        >>> clf.classes_, sorted(set(clf.predict(X).tolist()))
+        (array(['cat', 'owl'], dtype='<U3'), ['cat', 'owl'])
+        """
+        check_is_fitted(self)
+        gone = np.asarray(classes).reshape(-1)
+        unknown = gone[~np.isin(gone, self.classes_)]
+        if unknown.size:
+            raise ValueError(f"{type(self).__name__}.forget: unknown class "
+                             f"{unknown.tolist()[0]!r}; the classes are "
+                             f"{self.classes_[:20].tolist()}")
+        keep = ~np.isin(self.classes_, gone)
+        labels, class_ids = self.classes_[keep], self._class_ids[keep]
+        kwargs = self._head_kwargs(labels, class_ids) if labels.size else None
+        try:
+            self._forget_ids(self._class_ids[~keep].tolist(), kwargs)
+        except BaseException:
+            if labels.size and len(self.stats_) != self.classes_.size:  # they are gone already
+                self._set_classes(labels, class_ids)
+                del self._columns  # unfitted until a partial_fit rebuilds the head
+            raise
+        if labels.size:
+            self._set_classes(labels, class_ids)
+        else:
+            for name in (*_FITTED_STATE, "n_features_in_", "feature_names_in_"):
+                self.__dict__.pop(name, None)
+        return self
+
+    def _forget_ids(self, ids: list[int], kwargs: dict | None) -> None:
+        """Forget the classes of internal ids ``ids`` in the statistics and the head, whose
+        parameters become ``kwargs`` (None: every class goes)."""
+        if kwargs is not None:
+            self.head_.set_params(**kwargs)
+        self.head_.forget(ids, self.stats_)
 
     def _apply_batch(self, X: torch.Tensor, y_ids: torch.Tensor, kwargs: dict, *, reset: bool):
         """Fold the batch into the statistics and rebuild the head with ``kwargs``, or change
@@ -471,7 +561,8 @@ class _GaussianClassifier(ClassifierMixin, BaseEstimator):
                                  f"far, of type {known.dtype}: {known[:10].tolist()}")
             fresh = seen[~np.isin(seen, known)]
             labels = np.concatenate([known, fresh])
-            class_ids = np.concatenate([self._class_ids, known.size + np.arange(fresh.size)])
+            first = int(self._class_ids.max()) + 1  # ids of forgotten classes may be missing
+            class_ids = np.concatenate([self._class_ids, first + np.arange(fresh.size)])
             order = np.argsort(labels, kind="stable")
             labels, class_ids = labels[order], class_ids[order]
         y_ids = class_ids[np.searchsorted(labels, seen)][inverse]
@@ -561,6 +652,15 @@ class _GaussianClassifier(ClassifierMixin, BaseEstimator):
         posterior class probabilities where the scores are log-posteriors (see
         :meth:`decision_function`)."""
         return self._head_output("predict_proba", X)
+
+    def score_samples(self, X, method=None):
+        """Novelty scores, shape ``(n_samples,)``: higher means more typical of the classes
+        learned so far (as scikit-learn's novelty detectors score). ``method`` names one of
+        :data:`gdacil.novelty.NOVELTY_SCORES` (the Gaussian heads' default:
+        ``"shrunk_relative_mahalanobis"``; RanPAC, ACIL and RBF-LDA offer ``"msp"``, their
+        default, and ``"energy"``). See :mod:`gdacil.novelty`."""
+        X = self._validate_for_prediction(X)
+        return self.head_.score_samples(X, method).cpu().numpy()
 
     def predict_log_proba(self, X):
         """Log of :meth:`predict_proba`, computed stably (log-softmax of the scores)."""
@@ -814,6 +914,11 @@ class _MappedClassifier(_GaussianClassifier):
 
     _STATE_DOC = _MAPPED_STATE
 
+    def _forget_ids(self, ids: list[int], kwargs: dict | None) -> None:
+        self.head_.forget(ids)  # the statistics are the head's; it refuses unless forgettable
+        if kwargs is not None:
+            self.head_.set_params(**kwargs).solve()
+
     def _apply_batch(self, X, y_ids, kwargs, *, reset):
         head = self._head_class(**kwargs) if reset else self.head_
         _update_and_solve(head, kwargs, X, y_ids)
@@ -859,7 +964,7 @@ class RanPACClassifier(_MappedClassifier):
     """
 
     _head_class = RanPAC
-    _fixed_params = ("dim_out", "seed")
+    _fixed_params = ("dim_out", "seed", "forgettable")
 
     def _apply_batch(self, X, y_ids, kwargs, *, reset):
         if _same(self.lam, "auto") and X.shape[0] < 2:
@@ -903,7 +1008,7 @@ class ACILClassifier(_MappedClassifier):
     """
 
     _head_class = ACIL
-    _fixed_params = ("buffer_size", "seed")
+    _fixed_params = ("buffer_size", "seed", "forgettable")
 
 
 class RBFLDAClassifier(_MappedClassifier):
@@ -939,4 +1044,4 @@ class RBFLDAClassifier(_MappedClassifier):
     """
 
     _head_class = RBFLDA
-    _fixed_params = ("dim_out", "bandwidth", "seed")
+    _fixed_params = ("dim_out", "bandwidth", "seed", "forgettable")

@@ -27,10 +27,14 @@ runs them all without pytest. The checks:
   a head refitted after the statistics gained, changed or lost a class scores as a fresh head
   (no stale cache);
 - ``top_k`` (where the head has one): its labels are the dense scores' top ``k`` for ``k = 1,
-  2, 3`` (ties aside), also with the options in ``top_k_options``.
+  2, 3`` (ties aside), also with the options in ``top_k_options``;
+- novelty: every distance score of ``score_samples`` equals its dense reference
+  (:func:`novelty_reference`), the default is the shrunk relative Mahalanobis score, ``"msp"``
+  and ``"energy"`` follow the class scores, and the scores are the same after a ``merge`` of the
+  statistics and after a state round trip.
 
 The data helpers the checks use (:func:`make_stats`, :func:`queries`, :func:`gaussian_scores`,
-:func:`uniform_log_priors`, :func:`centred`) are public too. Nothing here needs pytest.
+:func:`novelty_reference`, :func:`uniform_log_priors`, :func:`centred`) are public too. Nothing here needs pytest.
 
 Examples
 --------
@@ -50,7 +54,7 @@ NCM's scores are the Gaussian log-posterior under identity covariances, exactly:
 ...         return gaussian_scores(X, stats.means, eye, uniform_log_priors(stats))
 >>> checks = TestNCM().check()  # in a test file, pytest runs each as a test
 >>> checks[0], checks[-1]
-('test_scores_match_dense_reference', 'test_top_k_follows_the_dense_scores')
+('test_scores_match_dense_reference', 'test_novelty_scores_are_exact_under_merge_and_state')
 """
 
 from __future__ import annotations
@@ -73,8 +77,8 @@ from .state import json_params
 from .stats import ClassGaussians, ClassStatistics
 from .stats.linalg import NumericalWarning
 
-__all__ = ["HeadContract", "centred", "gaussian_scores", "make_stats", "queries",
-           "uniform_log_priors"]
+__all__ = ["HeadContract", "centred", "gaussian_scores", "make_stats", "novelty_reference",
+           "queries", "uniform_log_priors"]
 
 
 # ---------------------------------------------------------------------- data
@@ -164,6 +168,43 @@ def gaussian_scores(X: torch.Tensor, means: torch.Tensor, covs: torch.Tensor,
         out.append(-0.5 * (dx * torch.linalg.solve(S, dx.T).T).sum(1)
                    - 0.5 * torch.logdet(S) + lp)
     return torch.stack(out, 1)
+
+
+def novelty_reference(stats: ClassStatistics, X: torch.Tensor, method: str) -> torch.Tensor:
+    """The dense reference of a distance score of :mod:`gdacil.novelty`: every covariance
+    formed and solved explicitly, class by class, in float64.
+
+    Examples
+    --------
+    >>> stats, X, _ = make_stats()
+    >>> novelty_reference(stats, X[:2], "mahalanobis").shape
+    torch.Size([2])
+    """
+    from .novelty import BACKGROUND_WEIGHT, BASE_ALPHAS
+
+    X = X.to(torch.float64)
+    mu, counts = stats.means.to(torch.float64), stats.counts.to(torch.float64)
+    covs = stats.covariances().to(torch.float64)
+    n_classes, d = mu.shape
+    w = counts / counts.sum()
+    center = (w[:, None] * mu).sum(0)
+    if method == "cosine":
+        unit = torch.nn.functional.normalize
+        return torch.stack([unit(X - center, dim=1) @ unit(m - center, dim=0) for m in mu], 1).amax(1)
+    avg = covs.mean(0)
+    unit_scale = float(avg.trace()) / max(float(counts.sum()) - n_classes, 1.0)
+    shared = BASE_ALPHAS[0] * avg + BASE_ALPHAS[1] * unit_scale * torch.eye(d, dtype=torch.float64)
+    between = sum(wc * torch.outer(m - center, m - center) for wc, m in zip(w, mu))
+
+    def distance(S, m):
+        dx = X - m
+        return (dx * torch.linalg.solve(S, dx.T).T).sum(1)
+
+    nearest = torch.stack([distance(shared, m) for m in mu], 1).amin(1)
+    if method == "mahalanobis":
+        return -nearest
+    weight = {"relative_mahalanobis": 1.0, "shrunk_relative_mahalanobis": BACKGROUND_WEIGHT}[method]
+    return weight * distance(shared + between, center) - nearest
 
 
 def uniform_log_priors(stats: ClassStatistics) -> torch.Tensor:
@@ -507,6 +548,38 @@ class HeadContract:
                 assert self._close(dense.gather(1, where), best), \
                     f"top_k(k={k}, {options}) labels are not the dense top {k}"
                 assert self._close(scores, best), f"top_k(k={k}, {options}) scores"
+
+    # ------------------------------------------------------------------ novelty
+    def test_novelty_scores_match_the_dense_reference(self) -> None:
+        from .novelty import DISTANCE_SCORES, logit_score
+
+        stats, _, _ = make_stats()
+        X = queries(stats.dim)
+        head = self.make_head().fit(stats)
+        for method in DISTANCE_SCORES:
+            got = head.score_samples(X, method)
+            assert got.shape == (len(X),) and got.dtype == torch.float64, f"{method}: shape/dtype"
+            assert self._close(got, novelty_reference(stats, X, method)), \
+                f"score_samples({method!r}) differs from the dense reference"
+        default = head.score_samples(X)
+        assert torch.equal(default, head.score_samples(X, "shrunk_relative_mahalanobis")), \
+            "the default novelty score is not shrunk_relative_mahalanobis"
+        for method in ("msp", "energy"):
+            assert torch.equal(head.score_samples(X, method),
+                               logit_score(head.decision_function(X), method)), method
+
+    def test_novelty_scores_are_exact_under_merge_and_state(self) -> None:
+        stats, X, y = make_stats()
+        Q = queries(stats.dim)
+        half = torch.arange(len(y)) % 2 == 0
+        merged = ClassGaussians(stats.dim, ddof=stats.ddof).update(X[half], y[half])
+        merged.merge(ClassGaussians(stats.dim, ddof=stats.ddof).update(X[~half], y[~half]))
+        head = self.make_head().fit(stats)
+        scores = head.score_samples(Q)
+        assert self._close(self.make_head().fit(merged).score_samples(Q), scores), \
+            "novelty scores of merged statistics differ from those of all samples at once"
+        loaded = type(head)(**head.get_params()).load_state_dict(*head.state_dict())
+        assert torch.equal(loaded.score_samples(Q), scores), "a loaded head's novelty differs"
 
     def _same_top_k(self, loaded: Any, head: Any, X: torch.Tensor) -> None:
         if not callable(getattr(head, "top_k", None)):

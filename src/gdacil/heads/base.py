@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -35,12 +35,14 @@ from .._validation import (
     as_device,
     as_dtype,
     as_features,
+    as_labels,
     check_positive_int,
     dtype_name,
     finite_flag,
     first_nonfinite,
 )
 from ..errors import NotFittedError
+from ..novelty import DISTANCE_SCORES, ClassNovelty, check_method, logit_score
 from ..state import State, Stateful, json_params
 from ..stats import ClassStatistics
 
@@ -123,6 +125,46 @@ def rescaled_scores(owner, scores: torch.Tensor, dtype: torch.dtype) -> torch.Te
     return scores.clamp_min_(torch.finfo(dtype).min).to(dtype)
 
 
+def classes_to_forget(owner, classes, known) -> list[int]:
+    """``classes`` (one integer label or a sequence of them) as distinct ints in the order
+    given; a ``ValueError`` naming ``owner``'s class and the first label not in ``known`` (the
+    labels held) otherwise."""
+    if (isinstance(classes, str) or not isinstance(classes, Iterable)
+            or getattr(classes, "ndim", None) == 0):
+        classes = [classes]
+    given = classes if isinstance(classes, (np.ndarray, torch.Tensor)) else list(classes)
+    if not len(given):
+        return []
+    labels = list(dict.fromkeys(as_labels(given, name="classes").tolist()))
+    held = set(known)
+    unknown = [c for c in labels if c not in held]
+    if unknown:
+        listing = sorted(held)
+        raise ValueError(f"{type(owner).__name__}.forget: unknown class {unknown[0]}; it holds "
+                         f"classes {listing[:20]}{' ...' if len(listing) > 20 else ''}")
+    return labels
+
+
+def refit_or_unfit(obj, refit, classes_left: bool) -> None:
+    """``refit()`` when ``classes_left``, else leave ``obj`` unfitted (:func:`drop_fitted_state`);
+    a refit that fails leaves it unfitted too: what forgetting leaves behind."""
+    try:
+        if classes_left:
+            refit()
+        else:
+            drop_fitted_state(obj)
+    except BaseException:
+        drop_fitted_state(obj)
+        raise
+
+
+def drop_fitted_state(obj) -> None:
+    """Make ``obj`` unfitted: delete its fitted attributes (``name_``) and private state and
+    caches (``_name``); its constructor parameters stay."""
+    for name in [n for n in vars(obj) if n.startswith("_") or n.endswith("_")]:
+        del obj.__dict__[name]
+
+
 @dataclass(frozen=True)
 class ModelTerms:
     """What a head's rows depend on beyond the classes it is fitted on.
@@ -179,7 +221,8 @@ class GaussianHead(Params, Presets, Stateful, ABC):
     """
 
     _state_attributes: ClassVar[tuple[str, ...]] = (
-        "classes_", "n_features_in_", "rows_", "bias_", "sign_", "dtype_", "device_")
+        "classes_", "n_features_in_", "rows_", "bias_", "sign_", "dtype_", "device_",
+        *("novelty_" + name for name in ClassNovelty.attributes))
 
     def __init__(self, *, priors=None, device=None, dtype="float64", class_batch_size="auto"):
         self.priors = priors
@@ -213,6 +256,9 @@ class GaussianHead(Params, Presets, Stateful, ABC):
         self.sign_ = float(sign)
         for name, value in (fitted[0] if fitted else {}).items():
             setattr(self, name, value)
+        if model_terms is None:  # a shard's classes alone do not describe the whole model
+            novelty_dtype = torch.float64 if self.dtype_ == torch.float64 else torch.float32
+            ClassNovelty().fit(stats, dtype=novelty_dtype, device=self.device_).store(self)
         return self
 
     def _check_params(self) -> None:
@@ -403,6 +449,49 @@ class GaussianHead(Params, Presets, Stateful, ABC):
             return best, labels
         return best, labels, (best - total[:, None]).exp()
 
+    def score_samples(self, X, method: str | None = None) -> torch.Tensor:
+        """Novelty scores ``(n,)``, float64: higher means more typical of the classes learned
+        so far (:mod:`gdacil.novelty`).
+
+        Parameters
+        ----------
+        X : array-like of shape (n, d)
+            Features, as the head takes them.
+        method : str, optional
+            One of :data:`gdacil.novelty.NOVELTY_SCORES`; default ``"shrunk_relative_mahalanobis"``.
+            The distance scores come from the class statistics the head was fitted on (a head
+            fitted with ``model_terms``, one shard of a model, has only ``"msp"`` and
+            ``"energy"``).
+
+        Examples
+        --------
+        >>> import torch
+        >>> from gdacil import ClassGaussians
+        >>> from gdacil.heads import LDA
+        >>> g = torch.Generator().manual_seed(0)
+        >>> X, y = torch.randn(200, 4, generator=g) + 3 * torch.eye(2, 4)[torch.arange(200) % 2], \\
+        ...     torch.arange(200) % 2
+        >>> head = LDA().fit(ClassGaussians(4).update(X, y))
+        >>> scores = head.score_samples(torch.tensor([[3.0, 0, 0, 0], [-9.0, -9, 9, 9]]))
+        >>> bool(scores[0] > scores[1])
+        True
+        """
+        method = check_method(method)
+        if method in DISTANCE_SCORES:
+            X = self._novelty_features(X)
+            if not hasattr(self, "novelty_means_"):
+                raise ValueError(
+                    f"{type(self).__name__} has no class statistics' novelty state (fitted with "
+                    f"model_terms, or saved before gdacil kept it): refit it on statistics, or "
+                    f"use method='msp' or 'energy'")
+            return ClassNovelty.of(self).score(X, method)
+        return logit_score(self.decision_function(X), method)
+
+    def _novelty_features(self, X) -> torch.Tensor:
+        """``X`` as the statistics describe it (heads that transform their input override)."""
+        self._check_fitted()
+        return as_features(X, dim=self.n_features_in_, dtype=torch.float64, device=self.device_)
+
     def predict_log_proba(self, X) -> torch.Tensor:
         return torch.log_softmax(self.decision_function(X), dim=1)
 
@@ -448,6 +537,77 @@ class GaussianHead(Params, Presets, Stateful, ABC):
         """Tell a loaded head that ``stats`` (just loaded) are the statistics it was fitted on,
         so the caches its state keeps apply to them at the next :meth:`fit`. Returns ``self``."""
         return self
+
+    # ------------------------------------------------------------------ forgetting
+    def forget(self, classes, stats: ClassStatistics) -> GaussianHead:
+        """Forget ``classes``: remove them from ``stats`` (in place) and refit on the rest.
+        Returns ``self``.
+
+        The head is then the head fitted on statistics that never held the classes: bit for bit
+        the one ``fit(stats.subset(rest))`` gives, and, with :class:`~gdacil.ClassGaussians`,
+        to round-off the one fitted on the samples of the other classes only (per-class
+        moments do not depend on other classes; ``Sigma_avg`` sums the same covariances). Its
+        state (``state_dict``, caches, LR-RGDA's eigenpairs, FeCAM's statistics) then holds
+        nothing of them.
+
+        Parameters
+        ----------
+        classes : int or sequence of int
+            Labels held by ``stats``.
+        stats : ClassStatistics
+            The statistics the head was fitted on (or since updated); they lose ``classes``.
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        ValueError
+            Before anything changes: a label ``stats`` do not hold (named), or priors given as
+            an array, one per class in the statistics' order, which would no longer match (give
+            a mapping label -> prior; one keeps its entries and uses those of the classes left).
+
+        Notes
+        -----
+        Forgetting every class empties ``stats`` and leaves the head unfitted. If the refit
+        fails (an interrupt, a remaining model that cannot be built), ``stats`` have lost the
+        classes already and the head is left unfitted, holding nothing of them either: fit it
+        again. :class:`~gdacil.LowRankGaussians` do not remove a class exactly: their running
+        sum behind ``Sigma_avg`` keeps its compression error (see :mod:`gdacil.stats.lowrank`).
+        The shard of a :class:`~gdacil.heads.ShardedHead` forgets through
+        :meth:`ShardedHead.forget <gdacil.heads.ShardedHead.forget>`.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from gdacil import ClassGaussians
+        >>> from gdacil.heads import LDA
+        >>> g = torch.Generator().manual_seed(0)
+        >>> X, y = torch.randn(90, 3, generator=g, dtype=torch.float64), torch.arange(90) % 3
+        >>> stats = ClassGaussians(3).update(X, y)
+        >>> head = LDA().fit(stats).forget(1, stats)
+        >>> head.classes_.tolist(), stats.classes
+        ([0, 2], [0, 2])
+        >>> never = LDA().fit(ClassGaussians(3).update(X[y != 1], y[y != 1]))
+        >>> bool((head.decision_function(X) - never.decision_function(X)).abs().max() < 1e-12)
+        True
+        """
+        self._check_fitted()
+        labels = classes_to_forget(self, classes, stats.classes)
+        if not (self.priors is None or isinstance(self.priors, (str, Mapping))):
+            raise ValueError(f"{type(self).__name__}.forget: priors given as an array (one per "
+                             "class, in the statistics' order) would no longer match the "
+                             "classes; give them as a mapping label -> prior")
+        if not labels:
+            return self
+        stats.remove_classes(labels)
+        refit_or_unfit(self, lambda: self._refit(stats), stats.n_classes > 0)
+        return self
+
+    def _refit(self, stats: ClassStatistics) -> None:
+        """Fit on ``stats``, which just lost classes (:meth:`forget`)."""
+        self.fit(stats)
 
 
 def stack_rows(linear: torch.Tensor, linear_bias: torch.Tensor, quad=None, quad_bias=None):

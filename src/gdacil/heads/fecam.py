@@ -47,7 +47,7 @@ import torch
 from .._validation import as_device, as_dtype, as_features, as_labels, check_nonnegative
 from ..state import State, json_params, nest, part
 from ..stats import ClassGaussians, ClassStatistics
-from .base import GaussianHead, NotFittedError, stack_rows
+from .base import GaussianHead, NotFittedError, classes_to_forget, stack_rows
 from .mapped import DEFAULT_MAX_BYTES, check_budget
 
 __all__ = ["FECAM_PRESETS", "FeCAM", "fecam_covariances", "inverse_factors"]
@@ -311,6 +311,37 @@ class FeCAM(GaussianHead):
         for name in ("stats_", "_owns_stats", "n_features_in_", "rows_", "bias_", "_built_"):
             self.__dict__.pop(name, None)
 
+    def forget(self, classes, stats: ClassStatistics | None = None) -> FeCAM:
+        """Forget ``classes``: out of the statistics, and rows rebuilt now, reusing those of the
+        classes left (see :meth:`GaussianHead.forget <gdacil.heads.base.GaussianHead.forget>`).
+        Returns ``self``.
+
+        ``stats`` default to the head's own (``stats_``: what :meth:`partial_fit` and
+        :meth:`merge` gathered, or a copy of those :meth:`fit_stats` took, which keep the
+        classes). Its state, the statistics, then holds nothing of them.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from gdacil.heads import FeCAM
+        >>> g = torch.Generator().manual_seed(0)
+        >>> X, y = torch.randn(90, 4, generator=g, dtype=torch.float64), torch.arange(90) % 3
+        >>> head = FeCAM().partial_fit(X, y).forget(2)
+        >>> head.classes_.tolist(), head.state_dict()[0]["stats.labels"].tolist()
+        ([0, 1], [0, 1])
+        """
+        if stats is None:
+            self._check_fitted()
+            classes_to_forget(self, classes, self.stats_.classes)  # before taking a copy
+            stats = self._own_stats(self.stats_.dim)
+        super().forget(classes, stats)
+        return self
+
+    def _refit(self, stats: ClassStatistics) -> None:
+        if stats is not getattr(self, "stats_", None):
+            self.fit_stats(stats)
+        self.build()
+
     # ------------------------------------------------------------------ building
     def _state_bytes(self, d: int, n_classes: int) -> int:
         itemsize = as_dtype(self.dtype).itemsize
@@ -346,6 +377,10 @@ class FeCAM(GaussianHead):
     def _prepare(self, X) -> torch.Tensor:
         self._ensure_built()
         return self.transform(X).to(dtype=self.dtype_, device=self.device_)
+
+    def _novelty_features(self, X) -> torch.Tensor:
+        self._ensure_built()
+        return self.transform(X).to(device=self.device_)
 
     def _build(self, stats, log_priors):
         d = stats.dim

@@ -270,6 +270,28 @@ class LRRGDA(GaussianHead):
         self._eig_cache_key = key
         return self
 
+    def forget(self, classes, stats: ClassStatistics) -> LRRGDA:
+        """Forget ``classes`` (see :meth:`GaussianHead.forget
+        <gdacil.heads.base.GaussianHead.forget>`): the refit decomposes no class, keeps the
+        cached eigenpairs of the classes left and drops those of the classes forgotten, and a
+        loaded head's stored eigenpairs not yet bound (:meth:`bind`) go too.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from gdacil import ClassGaussians
+        >>> from gdacil.heads import LRRGDA
+        >>> g = torch.Generator().manual_seed(0)
+        >>> X, y = torch.randn(300, 8, generator=g, dtype=torch.float64), torch.arange(300) % 3
+        >>> stats = ClassGaussians(8).update(X, y)
+        >>> head = LRRGDA(rank=2).fit(stats).forget([0], stats)
+        >>> head.n_decomposed_, head.state_dict()[0]["_eig_cache.U"].shape
+        (0, torch.Size([2, 8, 2]))
+        """
+        super().forget(classes, stats)
+        self.__dict__.pop("_stored_eigenpairs", None)
+        return self
+
     # ------------------------------------------------------------ eigenpairs
     def _decomposition_key(self, dim: int) -> tuple:
         r = min(self.rank, dim)

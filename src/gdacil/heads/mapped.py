@@ -30,10 +30,18 @@ from .._validation import (
     check_positive_int,
     finite_flag,
 )
+from ..novelty import LOGIT_SCORES, check_method, logit_score
 from ..state import State, Stateful, json_params
 from ..stats import PooledGaussians
 from ..stats.feature_maps import FeatureMap
-from .base import NotFittedError, checked_parameters, finite_scores, rescaled_scores
+from .base import (
+    NotFittedError,
+    checked_parameters,
+    classes_to_forget,
+    drop_fitted_state,
+    finite_scores,
+    rescaled_scores,
+)
 
 __all__ = ["DEFAULT_MAX_BYTES", "MappedLinearHead", "check_budget"]
 
@@ -70,13 +78,23 @@ class MappedLinearHead(Params, Presets, Stateful, ABC):
         Largest state (statistics plus the solve's work space) the head accepts; larger
         configurations are refused with a message before any memory is allocated. ``None``
         disables the check.
+    forgettable : bool, default False
+        Keep what :meth:`forget` needs to take a class out exactly: each class's within-class
+        scatter besides the pooled one (``PooledGaussians(removable=True)``), as a factor of
+        ``min(n_c + b_c, M)`` rows of ``M`` float64 numbers (``b_c`` the later batches that
+        added samples to class ``c``): up to ``8 M^2`` bytes more per class, as much as the
+        pooled scatter (0.8 GB per class at ``M = 10000``, 80 kB per class of 1 sample),
+        which ``max_bytes`` does not count. Settings chosen from the samples themselves
+        (RanPAC's ``lam="auto"``, RBF-LDA's ``bandwidth="auto"``) cannot be un-chosen, so a
+        forgettable head needs them numeric.
     """
 
     _FORMAT: ClassVar[str] = ""
 
-    def __init__(self, *, dtype="float64", max_bytes=DEFAULT_MAX_BYTES):
+    def __init__(self, *, dtype="float64", max_bytes=DEFAULT_MAX_BYTES, forgettable=False):
         self.dtype = dtype
         self.max_bytes = max_bytes
+        self.forgettable = forgettable
 
     # ------------------------------------------------------------------ hooks
     @abstractmethod
@@ -109,10 +127,22 @@ class MappedLinearHead(Params, Presets, Stateful, ABC):
     def _merge_state(self, other: MappedLinearHead) -> None:
         """Combine fitted scalars when ``other`` is merged into ``self``."""
 
+    def _chosen_from_data(self) -> str | None:
+        """The parameter whose value the samples choose (set to "auto"), if any."""
+        return None
+
     def _check_params(self) -> None:
         as_dtype(self.dtype, allowed=_DTYPES)
         if self.max_bytes is not None:
             check_positive_int(self.max_bytes, "max_bytes")
+        if self.forgettable not in (False, True):
+            raise ValueError(f"forgettable must be True or False; got {self.forgettable!r}")
+        chosen = self._chosen_from_data()
+        if self.forgettable and chosen:
+            raise ValueError(
+                f"{type(self).__name__}(forgettable=True) needs a numeric {chosen}: "
+                f"{chosen}='auto' is chosen from the samples, those of any class it may forget "
+                "included, and forget cannot undo that choice")
 
     # ------------------------------------------------------------------ fitting
     def fit(self, X, y) -> MappedLinearHead:
@@ -132,7 +162,7 @@ class MappedLinearHead(Params, Presets, Stateful, ABC):
         if not hasattr(self, "stats_"):
             fmap = self._make_map(X.shape[1]).fit(X)
             check_budget(self, self._state_bytes(fmap.dim_out, len(torch.unique(y))))
-            self._adopt(fmap, PooledGaussians(fmap.dim_out))
+            self._adopt(fmap, PooledGaussians(fmap.dim_out, removable=bool(self.forgettable)))
         else:
             fresh = {int(c) for c in torch.unique(y).tolist()} - set(self.stats_.classes)
             check_budget(self, self._state_bytes(self.stats_.dim, self.stats_.n_classes + len(fresh)))
@@ -160,7 +190,12 @@ class MappedLinearHead(Params, Presets, Stateful, ABC):
                              "samples themselves (e.g. lam='auto'); fix it (a numeric lam) or use "
                              "partial_fit")
         if not isinstance(stats, PooledGaussians):
-            stats = PooledGaussians.from_class_statistics(stats)
+            stats = PooledGaussians.from_class_statistics(stats,
+                                                          removable=bool(self.forgettable))
+        if self.forgettable and not stats.removable:
+            raise ValueError(f"{type(self).__name__}(forgettable=True).fit_stats: these pooled "
+                             "statistics keep no class's own scatter; build them with "
+                             "PooledGaussians(removable=True), or pass the ClassStatistics")
         if stats.n_classes == 0:
             raise ValueError(f"{type(self).__name__}.fit_stats: the statistics hold no classes")
         fmap = feature_map
@@ -209,6 +244,64 @@ class MappedLinearHead(Params, Presets, Stateful, ABC):
             self.stats_.merge(other.stats_)
             self._merge_state(other)
         self._invalidate()
+        return self
+
+    def forget(self, classes) -> MappedLinearHead:
+        """Take ``classes`` out of the statistics exactly (counts, means and their scatters out
+        of the pooled one); the weights are solved again at the next prediction. Returns
+        ``self``.
+
+        The head is then the head fitted on the samples of the other classes only, to the
+        round-off of the pooled scatter: its statistics, fitted scalars (RanPAC's and ACIL's
+        penalty floor, RBF-LDA's shrinkage) and weights are recomputed from what is left, and
+        its state holds nothing of the classes. The feature map is the same (it depends on the
+        seed alone: data-chosen settings are refused with ``forgettable=True``). Forgetting every
+        class leaves the head unfitted.
+
+        Parameters
+        ----------
+        classes : int or sequence of int
+            Labels the head holds.
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        ValueError
+            Before anything changes: the head was not built ``forgettable=True`` (one pooled
+            ``M x M`` scatter cannot give a class back), or a label it does not hold.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from gdacil.heads import ACIL
+        >>> g = torch.Generator().manual_seed(0)
+        >>> X, y = torch.randn(90, 4, generator=g, dtype=torch.float64), torch.arange(90) % 3
+        >>> head = ACIL(buffer_size=32, forgettable=True).fit(X, y).forget(1)
+        >>> never = ACIL(buffer_size=32).fit(X[y != 1], y[y != 1])
+        >>> head.classes_.tolist(), bool(torch.allclose(head.decision_function(X),
+        ...                                             never.decision_function(X)))
+        ([0, 2], True)
+        """
+        if not hasattr(self, "stats_"):
+            raise NotFittedError(f"this {type(self).__name__} is not fitted yet")
+        name = type(self).__name__
+        if not self.forgettable:
+            raise ValueError(f"{name}.forget: this head pools every class's scatter into one "
+                             "M x M matrix, from which no class can be taken out; build it "
+                             f"{name}(..., forgettable=True) to keep each class's scatter too")
+        if not self.stats_.removable:
+            raise ValueError(f"{name}.forget: its statistics were gathered while forgettable "
+                             "was False, so they keep no class's own scatter; fit it again")
+        labels = classes_to_forget(self, classes, self.stats_.classes)
+        if len(labels) == self.stats_.n_classes:
+            drop_fitted_state(self)
+        elif labels:
+            self.stats_.remove_classes(labels)
+            self._start_state()  # the fitted scalars of a fit on the classes left
+            self._invalidate()
         return self
 
     def _adopt(self, fmap: FeatureMap, stats: PooledGaussians) -> None:
@@ -288,6 +381,27 @@ class MappedLinearHead(Params, Presets, Stateful, ABC):
     def predict_proba(self, X) -> torch.Tensor:
         """``softmax`` of :meth:`decision_function` (see each head for what the scores mean)."""
         return torch.softmax(self.decision_function(X), dim=1)
+
+    def score_samples(self, X, method: str | None = None) -> torch.Tensor:
+        """Novelty scores ``(n,)``, float64, higher meaning more typical of the classes learned
+        so far: ``"msp"`` (the default: the largest softmax probability of the scores, the
+        score users of these heads compare against) or ``"energy"`` (their ``logsumexp``). A
+        mapped head keeps no per-class Gaussians of the features, so the distance scores of
+        :mod:`gdacil.novelty` are not offered.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from gdacil.heads import RanPAC
+        >>> g = torch.Generator().manual_seed(0)
+        >>> y = torch.arange(200) % 2
+        >>> X = torch.randn(200, 4, generator=g, dtype=torch.float64) + 3 * torch.eye(2, 4)[y]
+        >>> head = RanPAC(dim_out=64, lam=1.0).partial_fit(X, y)
+        >>> head.score_samples(X[:3]).shape
+        torch.Size([3])
+        """
+        method = check_method(method, LOGIT_SCORES, default="msp")
+        return logit_score(self.decision_function(X), method)
 
     def score(self, X, y) -> float:
         """Mean accuracy of :meth:`predict` against labels ``y``."""

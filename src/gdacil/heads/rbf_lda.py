@@ -79,8 +79,10 @@ class RBFLDA(MappedLinearHead):
     seed : int, default 0
     priors : None, "empirical", array or mapping, default None (uniform)
         As in :class:`~gdacil.heads.base.GaussianHead`.
-    dtype, max_bytes
-        See :class:`~gdacil.heads.mapped.MappedLinearHead`.
+    dtype, max_bytes, forgettable
+        See :class:`~gdacil.heads.mapped.MappedLinearHead`. A forgettable RBF-LDA needs a
+        numeric ``bandwidth``: "auto" sets the map from the first batch's samples, which may
+        hold the class to forget.
 
     Attributes
     ----------
@@ -123,8 +125,8 @@ class RBFLDA(MappedLinearHead):
     _FORMAT = "gdacil.RBFLDA/1"
 
     def __init__(self, dim_out=5000, bandwidth="auto", shrinkage="oas", *, seed=0, priors=None,
-                 dtype="float64", max_bytes=DEFAULT_MAX_BYTES):
-        super().__init__(dtype=dtype, max_bytes=max_bytes)
+                 dtype="float64", max_bytes=DEFAULT_MAX_BYTES, forgettable=False):
+        super().__init__(dtype=dtype, max_bytes=max_bytes, forgettable=forgettable)
         self.dim_out = dim_out
         self.bandwidth = bandwidth
         self.shrinkage = shrinkage
@@ -140,6 +142,9 @@ class RBFLDA(MappedLinearHead):
 
     def _make_map(self, dim_in):
         return RandomFourier(dim_in, self.dim_out, self.bandwidth, self.seed)
+
+    def _chosen_from_data(self):
+        return "bandwidth" if self.bandwidth == "auto" else None
 
     def shared_covariance(self, stats: PooledGaussians) -> torch.Tensor:
         """The shrunk covariance this head inverts (sets ``shrinkage_``)."""

@@ -99,8 +99,10 @@ class RanPAC(RidgeHead):
         Seeds the projection and the holdout splits.
     lam_grid : sequence of float, default ``10^-8, 10^-7, ..., 10^8``
     train_fraction : float, default 0.8
-    dtype, max_bytes
-        See :class:`~gdacil.heads.mapped.MappedLinearHead`.
+    dtype, max_bytes, forgettable
+        See :class:`~gdacil.heads.mapped.MappedLinearHead`. A forgettable RanPAC needs a
+        numeric ``lam``: a penalty chosen on batches holding a class stays chosen after the
+        class is forgotten, so ``lam="auto"`` cannot give the head that never saw it.
 
     Attributes
     ----------
@@ -141,8 +143,9 @@ class RanPAC(RidgeHead):
     _FORMAT = "gdacil.RanPAC/1"
 
     def __init__(self, dim_out=10_000, lam="auto", *, seed=0, lam_grid=DEFAULT_LAMBDA_GRID,
-                 train_fraction=0.8, dtype="float64", max_bytes=DEFAULT_MAX_BYTES):
-        super().__init__(dtype=dtype, max_bytes=max_bytes)
+                 train_fraction=0.8, dtype="float64", max_bytes=DEFAULT_MAX_BYTES,
+                 forgettable=False):
+        super().__init__(dtype=dtype, max_bytes=max_bytes, forgettable=forgettable)
         self.dim_out = dim_out
         self.lam = lam
         self.seed = seed
@@ -163,6 +166,9 @@ class RanPAC(RidgeHead):
 
     def _penalty(self):
         return None if self.lam == "auto" else float(self.lam)
+
+    def _chosen_from_data(self):
+        return "lam" if self.lam == "auto" else None
 
     def _start_state(self) -> None:
         super()._start_state()
@@ -210,7 +216,7 @@ class ACIL(RidgeHead):
     buffer_size : int, default 8192
     gamma : float > 0, default 0.1
     seed : int, default 0
-    dtype, max_bytes
+    dtype, max_bytes, forgettable
         See :class:`~gdacil.heads.mapped.MappedLinearHead`.
 
     Notes
@@ -242,8 +248,8 @@ class ACIL(RidgeHead):
     _FORMAT = "gdacil.ACIL/1"
 
     def __init__(self, buffer_size=8192, gamma=0.1, *, seed=0, dtype="float64",
-                 max_bytes=DEFAULT_MAX_BYTES):
-        super().__init__(dtype=dtype, max_bytes=max_bytes)
+                 max_bytes=DEFAULT_MAX_BYTES, forgettable=False):
+        super().__init__(dtype=dtype, max_bytes=max_bytes, forgettable=forgettable)
         self.buffer_size = buffer_size
         self.gamma = gamma
         self.seed = seed

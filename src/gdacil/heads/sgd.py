@@ -59,6 +59,17 @@ class SGDHead(GaussianHead):
     loss_curve_ : list of float
         The smoothed loss every ``resample_every`` steps and at the end.
 
+    Notes
+    -----
+    Forgetting classes (:meth:`~gdacil.heads.base.GaussianHead.forget`) refits with the same
+    seed, so it gives bit for bit the head a fresh fit gives on the statistics of the classes
+    left: the draws depend only on the classes fitted on, their order and their moments.
+    Against a head fitted on samples that never held the classes it is exact as far as those
+    moments are: dense statistics (:class:`~gdacil.ClassGaussians`) compute each class's
+    moments from its own samples alone, so they agree bit for bit where the batches are the
+    same less the forgotten classes' samples; statistics accumulated in other batches agree to
+    round-off, which training in float32 does not keep at round-off.
+
     Examples
     --------
     >>> import torch

@@ -25,7 +25,7 @@ import torch
 
 from .. import distributed
 from ..stats import ClassStatistics
-from .base import GaussianHead, ModelTerms
+from .base import GaussianHead, ModelTerms, classes_to_forget, refit_or_unfit
 from .lda import LDA
 from .lowrank import LRRGDA
 from .ncm import NCM
@@ -146,6 +146,36 @@ class ShardedHead:
         self._blocks, self.classes_, self.local_classes_ = blocks, everything, mine
         return self
 
+    def forget(self, classes, stats: ClassStatistics) -> ShardedHead:
+        """Forget ``classes`` of the model (a collective: every rank calls it with the same
+        ``classes`` and its own statistics): each rank removes those it holds from ``stats``
+        (in place), then every shard is refitted on the terms of the classes left, as
+        :meth:`fit` would fit them. Returns ``self``.
+
+        A label the model does not hold raises a ``ValueError`` naming it, on every rank, before
+        anything changes. Forgetting every class leaves the sharded head unfitted; a refit that
+        fails leaves it unfitted too (see :meth:`GaussianHead.forget
+        <gdacil.heads.base.GaussianHead.forget>`).
+
+        Examples
+        --------
+        >>> import torch
+        >>> from gdacil import ClassGaussians
+        >>> from gdacil.heads import LDA, ShardedHead
+        >>> g = torch.Generator().manual_seed(0)
+        >>> X, y = torch.randn(60, 3, generator=g, dtype=torch.float64), torch.arange(60) % 3
+        >>> stats = ClassGaussians(3).update(X, y)
+        >>> ShardedHead(LDA()).fit(stats).forget([1], stats).classes_.tolist()
+        [0, 2]
+        """
+        self._check_fitted()
+        labels = classes_to_forget(self, classes, self.classes_.tolist())
+        if not labels:
+            return self
+        stats.remove_classes([c for c in labels if c in stats])
+        refit_or_unfit(self, lambda: self.fit(stats), len(labels) < len(self.classes_))
+        return self
+
     @staticmethod
     def _gather_blocks(mine: torch.Tensor) -> list[torch.Tensor]:
         sizes = distributed.all_gather_rows(torch.tensor([mine.numel()])).tolist()
@@ -221,6 +251,19 @@ class ShardedHead:
             return best, found
         total = torch.logsumexp(distributed.all_gather_rows(lse[None]), dim=0)
         return best, found, (best - total[:, None]).exp()
+
+    def score_samples(self, X, method: str | None = None) -> torch.Tensor:
+        """Novelty scores over all ranks (a collective; :mod:`gdacil.novelty`): ``"msp"`` (the
+        default here) or ``"energy"``, from the ranks' best scores and log-sum-exps. The
+        distance scores need every class's mean in one process: score with a head fitted on
+        the gathered statistics (:func:`gdacil.distributed.all_reduce_stats`) for those."""
+        from ..novelty import LOGIT_SCORES, check_method
+
+        method = check_method(method, LOGIT_SCORES, default="msp")
+        best, _, proba = self.top_k(X, 1, proba=True)
+        if method == "msp":
+            return proba[:, 0].to(torch.float64)
+        return (best[:, 0] - proba[:, 0].log()).to(torch.float64)  # the global log-sum-exp
 
     def predict(self, X) -> torch.Tensor:
         """The best class of every sample over all ranks (a collective)."""

@@ -6,6 +6,11 @@ mu_c)^T``; no per-class scatter is ever stored, so the memory is ``8 (C M + M^2)
 dimension ``M`` (0.8 GB for ``M = 10000``, any ``C`` up to 1000; 1.6 GB at 10,000 classes)
 instead of ``8 C M^2``.
 
+A class cannot be taken out of ``S_w`` again, unless the statistics are ``removable``: they then
+also keep each class's scatter as a factor ``F_c`` with ``S_c = F_c^T F_c`` (its centred samples,
+plus one row per later batch of the class, and its ``M x M`` triangular QR factor once that has
+fewer rows), and :meth:`PooledGaussians.remove_classes` subtracts ``F_c^T F_c`` from ``S_w``.
+
 That is all that ridge regression on one-hot targets and LDA with one shared covariance need::
 
     G = sum_i x_i x_i^T = S_w + sum_c n_c mu_c mu_c^T          (gram)
@@ -51,6 +56,11 @@ class PooledGaussians(ClassIndex):
     ----------
     dim : int
         Feature dimension ``M``.
+    removable : bool, default False
+        Also keep each class's scatter, so that :meth:`remove_classes` can take a class out
+        exactly: a factor of ``min(n_c + b_c, M)`` rows of ``M`` float64 numbers per class
+        (``b_c`` the later batches or merges that added samples to it), at most ``8 M^2``
+        bytes, on top of the pooled ``8 M^2``. Merging needs both sides removable.
     device : None, str or torch.device, default None
         Where the statistics live (None: the CPU).
 
@@ -70,17 +80,23 @@ class PooledGaussians(ClassIndex):
 
     _FORMAT: ClassVar[str] = "gdacil.PooledGaussians/1"
 
-    def __init__(self, dim: int, *, device: torch.device | str | None = None):
+    def __init__(self, dim: int, *, removable: bool = False,
+                 device: torch.device | str | None = None):
         self.dim = check_positive_int(dim, "dim")
+        if removable not in (False, True):
+            raise ValueError(f"removable must be True or False; got {removable!r}")
+        self.removable = bool(removable)
         self.device = as_device(device)
         self._labels: list[int] = []
         self._index: dict[int, int] = {}
         self._counts = torch.zeros(0, dtype=torch.float64, device=self.device)
         self._means = torch.zeros(0, self.dim, dtype=torch.float64, device=self.device)
         self._scatter = torch.zeros(self.dim, self.dim, dtype=torch.float64, device=self.device)
+        self._factors: dict[int, torch.Tensor] = {}  # removable: label -> F_c, S_c = F_c^T F_c
 
     def __repr__(self) -> str:
-        return f"PooledGaussians(dim={self.dim}, n_classes={self.n_classes})"
+        removable = ", removable=True" if self.removable else ""
+        return f"PooledGaussians(dim={self.dim}, n_classes={self.n_classes}{removable})"
 
     # ------------------------------------------------------------------ views
     @property
@@ -97,6 +113,12 @@ class PooledGaussians(ClassIndex):
         """``G = S_w + sum_c n_c mu_c mu_c^T = sum_i x_i x_i^T`` ``(M, M)``."""
         mu = self.means
         return symmetrize(torch.addmm(self._scatter, mu.T, mu * self.counts[:, None]))
+
+    def class_scatter(self, label: int) -> torch.Tensor:
+        """The within-class scatter ``S_c`` ``(M, M)`` of one class (removable statistics)."""
+        self._check_removable("class_scatter")
+        F = self._factors[self._labels[self._position(label)]]  # KeyError naming an unknown one
+        return symmetrize(F.T @ F)
 
     def cross(self) -> torch.Tensor:
         """``Q`` ``(M, C)`` with ``Q[:, c] = n_c mu_c = sum_{i in c} x_i`` (one-hot targets)."""
@@ -130,7 +152,12 @@ class PooledGaussians(ClassIndex):
         Xc = X - mu_b[inv]
         # every entry of Xc^T Xc is at most the sum over samples of their largest squared entry
         reach = float(Xc.abs().amax(1).square().sum()) if Xc.numel() else 0.0
-        self._combine("update", uniq.tolist(), n_b, mu_b, lambda S: S.addmm_(Xc.T, Xc), reach)
+        parts = None
+        if self.removable:  # each class's centred samples factor its scatter
+            order = torch.argsort(inv, stable=True)
+            parts = torch.split(Xc[order], n_b.long().tolist())
+        self._combine("update", uniq.tolist(), n_b, mu_b, lambda S: S.addmm_(Xc.T, Xc), reach,
+                      parts)
         return self
 
     def merge(self, other: PooledGaussians) -> PooledGaussians:
@@ -139,21 +166,29 @@ class PooledGaussians(ClassIndex):
             raise TypeError(f"can only merge PooledGaussians, got {type(other).__name__}")
         if other.dim != self.dim:
             raise ValueError(f"cannot merge statistics of dimension {other.dim} into {self.dim}")
+        if self.removable and not other.removable and other.n_classes:
+            raise ValueError("cannot merge statistics that are not removable into removable ones: "
+                             "their classes' scatters are not kept; build both removable")
         if other.n_classes:
             S_other = other._scatter.to(self.device)
+            parts = ([other._factors[c].to(self.device) for c in other.classes]
+                     if self.removable else None)
             self._combine("merge", other.classes, other.counts.to(self.device),
                           other.means.to(self.device), lambda S: S.add_(S_other),
-                          _largest_entry(S_other))
+                          _largest_entry(S_other), parts)
         return self
 
-    def _combine(self, what: str, labels: list[int], n_b, mu_b, add_scatter, reach: float) -> None:
+    def _combine(self, what: str, labels: list[int], n_b, mu_b, add_scatter, reach: float,
+                 parts=None) -> None:
         """Combine a part with classes ``labels``, counts, means and a function adding its ``S_w``
-        (whose entries are at most ``reach`` in magnitude).
+        (whose entries are at most ``reach`` in magnitude), and, for removable statistics, the
+        factors ``parts`` of its classes' scatters (in ``labels`` order).
 
         Transactional: a part that would make any statistic NaN or inf is refused (``ValueError``)
         and nothing changes. The scatter is updated in place when a bound on its new entries
         shows it cannot overflow; only near the float64 limit is it built in a copy and checked.
         """
+        factors = self._grown_factors(labels, n_b, mu_b, parts) if parts is not None else {}
         known = [i for i, c in enumerate(labels) if c in self._index]
         fresh = [i for i, c in enumerate(labels) if c not in self._index]
         means = mu_b
@@ -185,6 +220,52 @@ class PooledGaussians(ClassIndex):
         if fresh:
             sel = torch.tensor(fresh, device=self.device)
             self._append([labels[i] for i in fresh], n_b[sel], mu_b[sel])
+        self._factors.update(factors)
+
+    def _grown_factors(self, labels: list[int], n_b, mu_b, parts) -> dict[int, torch.Tensor]:
+        """The scatter factors of ``labels`` once a part with counts ``n_b``, means ``mu_b`` and
+        scatter factors ``parts`` joins them: a class already held stacks its factor, the part's
+        and the Chan term's row ``sqrt(n_a n_b / n) (mu_b - mu_a)``."""
+        out = {}
+        for i, c in enumerate(labels):
+            rows = [parts[i]]
+            if c in self._index:
+                p = self._index[c]
+                n_a = self._counts[p]
+                weight = (n_a * n_b[i] / (n_a + n_b[i])).sqrt()
+                rows = [self._factors[c], parts[i], (weight * (mu_b[i] - self._means[p]))[None]]
+            out[c] = _compressed(torch.cat(rows))
+        return out
+
+    # ------------------------------------------------------------------ removal
+    def remove_classes(self, labels) -> PooledGaussians:
+        """Take ``labels`` out of the statistics exactly: their counts and means, and their
+        scatters out of ``S_w`` (removable statistics only). Returns ``self``.
+
+        ``S_w`` loses ``F_c^T F_c`` for each class (round-off of ``S_w``'s magnitude remains);
+        once no class is left it is zero. An unknown label raises a ``KeyError`` naming it and
+        nothing changes.
+        """
+        self._check_removable("remove_classes")
+        drop = set(self.positions(labels).tolist())
+        keep = [i for i in range(self.n_classes) if i not in drop]
+        for i in sorted(drop):
+            F = self._factors.pop(self._labels[i])
+            self._scatter.addmm_(F.T, F, alpha=-1.0)
+        if not keep:
+            self._scatter.zero_()
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+        self._counts = self._counts.index_select(0, idx)
+        self._means = self._means.index_select(0, idx)
+        self._labels = [self._labels[i] for i in keep]
+        self._index = {c: i for i, c in enumerate(self._labels)}
+        return self
+
+    def _check_removable(self, what: str) -> None:
+        if not self.removable:
+            raise ValueError(f"PooledGaussians.{what}: these statistics pool every class's "
+                             "scatter into one matrix and keep no class's own, so no class can "
+                             "be taken out of it; build them with removable=True")
 
     @staticmethod
     def _overflow(what: str) -> ValueError:
@@ -205,10 +286,11 @@ class PooledGaussians(ClassIndex):
         self._labels.extend(int(c) for c in labels)
 
     def copy(self) -> PooledGaussians:
-        out = PooledGaussians(self.dim, device=self.device)
+        out = PooledGaussians(self.dim, removable=self.removable, device=self.device)
         out._labels, out._index = list(self._labels), dict(self._index)
         out._counts, out._means = self.counts.clone(), self.means.clone()
         out._scatter = self._scatter.clone()
+        out._factors = {c: F.clone() for c, F in self._factors.items()}
         return out
 
     # ---------------------------------------------------------------- persistence
@@ -216,6 +298,8 @@ class PooledGaussians(ClassIndex):
         """Bytes of each stored tensor (allocated capacity included) and their total."""
         report = {"counts": self._counts.nbytes, "means": self._means.nbytes,
                   "scatter": self._scatter.nbytes}
+        if self.removable:
+            report["class_factors"] = sum(F.nbytes for F in self._factors.values())
         report["total"] = sum(report.values())
         return report
 
@@ -229,9 +313,18 @@ class PooledGaussians(ClassIndex):
         return 8 * (dim * dim + n_classes * (dim + 1))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The tensors that :meth:`from_state_dict` rebuilds the statistics from."""
-        return {"labels": torch.tensor(self._labels, dtype=torch.int64), "counts": self.counts,
-                "means": self.means, "scatter": self._scatter}
+        """The tensors that :meth:`from_state_dict` rebuilds the statistics from; removable
+        statistics add the factors of the classes' scatters, stacked in class order
+        (``class_factors``), and their numbers of rows (``class_factor_rows``)."""
+        tensors = {"labels": torch.tensor(self._labels, dtype=torch.int64), "counts": self.counts,
+                   "means": self.means, "scatter": self._scatter}
+        if self.removable:
+            factors = [self._factors[c] for c in self._labels]
+            tensors["class_factors"] = (torch.cat(factors) if factors else
+                                        self._scatter.new_zeros(0, self.dim))
+            tensors["class_factor_rows"] = torch.tensor([len(F) for F in factors],
+                                                        dtype=torch.int64)
+        return tensors
 
     @classmethod
     def from_state_dict(cls, tensors: dict[str, torch.Tensor], *,
@@ -254,10 +347,12 @@ class PooledGaussians(ClassIndex):
                 and torch.isfinite(counts).all()) or (counts <= 0).any():
             raise ValueError(f"{source}: counts must be positive and all values finite")
         _check_scatter(scatter, source)
-        out = cls(M, device=device)
+        out = cls(M, removable="class_factors" in tensors, device=device)
         if C:
             out._append(labels.tolist(), counts.to(out.device), means.to(out.device))
         out._scatter = scatter.to(out.device).clone()
+        if out.removable:
+            out._factors = _loaded_factors(tensors, labels.tolist(), scatter, source, out.device)
         return out
 
     def save(self, path: str | os.PathLike) -> None:
@@ -277,14 +372,19 @@ class PooledGaussians(ClassIndex):
 
     # ------------------------------------------------------------------ builders
     @classmethod
-    def from_class_statistics(cls, stats) -> PooledGaussians:
+    def from_class_statistics(cls, stats, *, removable: bool = False) -> PooledGaussians:
         """Pool per-class statistics (:class:`~gdacil.ClassGaussians` or any
-        :class:`~gdacil.ClassStatistics`): ``S_w = sum_c (n_c - ddof) Sigma_c``."""
-        out = cls(stats.dim, device=stats.device)
+        :class:`~gdacil.ClassStatistics`): ``S_w = sum_c (n_c - ddof) Sigma_c``. ``removable``
+        also keeps each class's ``(n_c - ddof) Sigma_c`` as the factor
+        ``diag(sqrt(s)) U^T`` of its eigendecomposition (rows of zero eigenvalues dropped)."""
+        out = cls(stats.dim, removable=removable, device=stats.device)
         if stats.n_classes:
-            for _, counts, _, covs in stats.iter_batches(64):
+            for labels, counts, _, covs in stats.iter_batches(64):
                 weight = (counts - stats.ddof).clamp_min(0.0)
-                out._scatter += (covs * weight[:, None, None]).sum(0)
+                scatters = covs * weight[:, None, None]
+                out._scatter += scatters.sum(0)
+                if removable:
+                    out._factors.update(zip(labels, map(_eigen_factor, scatters)))
             if not all_finite(out._scatter):
                 raise PooledGaussians._overflow("from_class_statistics")
             out._append(stats.classes, stats.counts.clone(), stats.means.clone())
@@ -320,6 +420,41 @@ def _check_scatter(S: torch.Tensor, source: str, block: int = 512) -> None:
         if bool((rows.abs() > torch.outer(root[a:a + block], root) + tol).any()):
             raise ValueError(f"{source}: the pooled scatter is not positive semi-definite (a "
                              "covariance larger than its variances allow)")
+
+
+def _compressed(F: torch.Tensor) -> torch.Tensor:
+    """``F`` ``(k, M)``, or where ``k > M`` its triangular QR factor ``R`` ``(M, M)``: the same
+    ``F^T F = R^T R`` in fewer rows."""
+    return torch.linalg.qr(F, mode="r").R if F.shape[0] > F.shape[1] else F.contiguous()
+
+
+def _eigen_factor(S: torch.Tensor) -> torch.Tensor:
+    """``F`` with ``F^T F = S`` for a symmetric PSD ``S``: ``diag(sqrt(s)) U^T`` over its
+    positive eigenvalues (round-off below zero clamped)."""
+    s, U = torch.linalg.eigh(symmetrize(S))
+    keep = s > 0
+    return (U[:, keep] * s[keep].sqrt()).T.contiguous()
+
+
+def _loaded_factors(tensors: dict[str, torch.Tensor], labels: list[int], scatter: torch.Tensor,
+                    source: str, device) -> dict[int, torch.Tensor]:
+    """The class factors of a removable state, checked: shapes, finite values, and a trace that
+    sums to ``S_w``'s (within round-off)."""
+    rows, stacked = tensors.get("class_factor_rows"), tensors["class_factors"]
+    M = scatter.shape[0]
+    if (rows is None or rows.dtype != torch.int64 or rows.shape != (len(labels),)
+            or bool((rows < 0).any()) or stacked.ndim != 2 or stacked.shape[1] != M
+            or int(rows.sum()) != stacked.shape[0]):
+        raise ValueError(f"{source}: the class factors do not match {len(labels)} classes in "
+                         f"dimension {M}")
+    stacked = stacked.to(device=device, dtype=torch.float64)
+    if not all_finite(stacked):
+        raise ValueError(f"{source}: the class factors contain NaN or inf")
+    trace, total = float(stacked.square().sum()), float(scatter.diagonal().sum())
+    if abs(trace - total) > 1e-6 * abs(total):
+        raise ValueError(f"{source}: the class factors' scatters do not add up to the pooled "
+                         f"scatter (traces {trace:.6g} and {total:.6g})")
+    return {c: F.clone() for c, F in zip(labels, torch.split(stacked, rows.tolist()))}
 
 
 def _grow(t: torch.Tensor, capacity: int) -> torch.Tensor:

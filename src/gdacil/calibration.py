@@ -1,0 +1,388 @@
+"""Open-set calibration from held-out samples of the current task: a rejection threshold with a
+stated false-rejection rate, a temperature for calibrated probabilities, and split-conformal
+prediction sets.
+
+All three are fitted on *calibration records*: samples of the task just learned that the head
+scoring them did not see (a held-out share; :meth:`Calibration.fit` takes their novelty scores,
+labels and class scores). No sample of an earlier task is kept or needed.
+
+- **Rejection.** :meth:`Calibration.threshold` for a target false-rejection rate ``rate`` is the
+  ``floor(rate (n + 1))``-th smallest of the ``n`` records' novelty scores, so a new known input,
+  exchangeable with the records, is rejected with probability at most ``rate`` (and at least
+  ``rate - 1 / (n + 1)``).
+- **Temperature.** ``temperature_`` minimises the negative log-likelihood of the records' labels
+  under ``softmax(g / T)`` [TempScaling]; :func:`expected_calibration_error` measures the result.
+- **Conformal sets.** :meth:`Calibration.prediction_sets` keeps every class whose calibrated
+  probability is at least ``1 - q``, with ``q`` the ``ceil((n + 1)(1 - alpha))``-th smallest
+  non-conformity ``1 - p_y`` of the records [Conformal]: for a new input exchangeable with them
+  the set holds its true class with probability at least ``1 - alpha`` (split conformal); the
+  best class is always in it.
+
+The guarantees hold for inputs exchangeable with the records, i.e. of the task's classes; for the
+classes of earlier tasks they hold as far as tasks resemble each other. A task's records may
+join the newest records of earlier tasks (``previous``, up to :data:`MAX_RECORDS`): more records
+make the quantiles and the temperature less noisy, while the earlier records were scored by the
+head of their own time. Records keep each
+sample's label, novelty score and its ``top`` best class scores (with the true class's): a class
+is forgotten by dropping its records and its scores (:meth:`Calibration.forget`).
+
+Examples
+--------
+>>> import torch
+>>> g = torch.Generator().manual_seed(0)
+>>> logits = 3.0 * torch.randn(500, 4, generator=g, dtype=torch.float64)
+>>> labels = torch.multinomial(torch.softmax(logits, 1), 1, generator=g)[:, 0]
+>>> cal = Calibration().fit(torch.randn(500, dtype=torch.float64, generator=g), labels,
+...                         2.0 * logits, torch.arange(4))          # scores twice too confident
+>>> round(cal.temperature_, 1)
+2.0
+>>> sets = cal.prediction_sets(logits, alpha=0.1)                 # (n, C) boolean
+>>> bool(sets[torch.arange(500), labels].double().mean() >= 0.85)
+True
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+
+from .state import Stateful
+
+__all__ = [
+    "MAX_RECORDS",
+    "MIN_RECORDS",
+    "Calibration",
+    "conformal_quantile",
+    "expected_calibration_error",
+    "fit_temperature",
+    "fit_top_label",
+    "lower_quantile",
+    "top_label_probabilities",
+]
+
+#: Class scores kept per record (the best ones, plus the true class's)
+TOP = 64
+#: Records kept: the newest, those of the latest task first (about 1 KB each)
+MAX_RECORDS = 2000
+#: Fewer held-out records than this in a task: the newest of earlier tasks join them
+MIN_RECORDS = 500
+
+
+def lower_quantile(values: torch.Tensor, rate: float) -> float:
+    """The ``floor(rate (n + 1))``-th smallest of ``values`` (``-inf`` when that is 0): a
+    threshold below which a new exchangeable value falls with probability at most ``rate``."""
+    k = math.floor(rate * (values.numel() + 1))
+    return -math.inf if k < 1 else float(values.sort().values[k - 1])
+
+
+def conformal_quantile(nonconformity: torch.Tensor, alpha: float) -> float:
+    """Split-conformal ``q``: the ``ceil((n + 1)(1 - alpha))``-th smallest non-conformity
+    (``inf`` when that exceeds ``n``: too few records for ``alpha``, every class is kept)."""
+    n = nonconformity.numel()
+    k = math.ceil((n + 1) * (1.0 - alpha))
+    return math.inf if k > n else float(nonconformity.sort().values[k - 1])
+
+
+def expected_calibration_error(proba: torch.Tensor, labels: torch.Tensor, bins: int = 15) -> float:
+    """ECE of the top-class confidence: the mean over equal-width confidence bins, weighted by
+    their share of samples, of ``|accuracy - confidence|``."""
+    confidence, predicted = proba.max(1)
+    correct = (predicted == labels.to(predicted.device)).double()
+    which = (confidence.double() * bins).clamp(max=bins - 1).long()
+    total = 0.0
+    for b in which.unique().tolist():
+        inside = which == b
+        total += float(inside.sum()) * abs(float(correct[inside].mean())
+                                           - float(confidence[inside].double().mean()))
+    return total / max(len(labels), 1)
+
+
+def fit_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """The temperature ``T`` minimising the mean negative log-likelihood of ``labels`` (column
+    positions) under ``softmax(logits / T)``: golden-section search on ``log T`` in
+    ``[-6, 6]`` (the NLL is convex in ``1 / T``, so unimodal in ``log T``)."""
+    z = logits.to(torch.float64)
+    true = z.gather(1, labels.view(-1, 1).to(z.device))[:, 0]
+
+    def nll(log_t: float) -> float:
+        t = math.exp(log_t)
+        return float(((z / t).logsumexp(1) - true / t).mean())
+
+    lo, hi = -6.0, 6.0
+    ratio = (math.sqrt(5.0) - 1.0) / 2.0
+    a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+    fa, fb = nll(a), nll(b)
+    for _ in range(80):
+        if fa <= fb:
+            hi, b, fb = b, a, fa
+            a = hi - ratio * (hi - lo)
+            fa = nll(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + ratio * (hi - lo)
+            fb = nll(b)
+    return math.exp((lo + hi) / 2.0)
+
+
+def fit_top_label(confidence: torch.Tensor, correct: torch.Tensor) -> tuple[float, float]:
+    """``(a, b)`` of the logistic map ``sigmoid(a logit(p) + b)`` from top-class probabilities
+    ``p`` to the chance that the top class is right [TopLabel] (Newton's method on the
+    log-likelihood, a 1e-6 ridge; ``(1, 0)``, the identity, when every record agrees)."""
+    p = confidence.to(torch.float64).clamp(1e-12, 1.0 - 1e-12)
+    z = torch.stack([torch.logit(p), torch.ones_like(p)], 1)
+    t = correct.to(torch.float64)
+    if bool((t == t[0]).all()):
+        return 1.0, 0.0
+    w = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    for _ in range(50):
+        q = torch.sigmoid(z @ w)
+        grad = z.T @ (q - t) + 1e-6 * w
+        hess = (z.T * (q * (1.0 - q))) @ z + 1e-6 * torch.eye(2, dtype=torch.float64)
+        step = torch.linalg.solve(hess, grad)
+        w = w - step
+        if float(step.abs().max()) < 1e-10:
+            break
+    return float(w[0]), float(w[1])
+
+
+def top_label_probabilities(proba: torch.Tensor, top_label) -> torch.Tensor:
+    """``proba`` ``(n, C)`` with each row's top probability ``p`` mapped to
+    ``sigmoid(a logit(p) + b)`` and the others scaled to sum to one with it (their ratios kept);
+    the top class stays on top."""
+    a, b = top_label
+    top, at = proba.max(1)
+    p = top.clamp(1e-12, 1.0 - 1e-12)
+    mapped = torch.sigmoid(a * torch.logit(p) + b)
+    if proba.shape[1] > 1:  # never below the runner-up after rescaling
+        second = proba.topk(2, dim=1).values[:, 1]
+        mapped = torch.maximum(mapped, second / (1.0 - top + second).clamp_min(1e-300))
+    rest = (1.0 - mapped) / (1.0 - top).clamp_min(1e-300)
+    out = proba * rest[:, None]
+    out.scatter_(1, at[:, None], mapped[:, None])
+    return out
+
+
+class Calibration(Stateful):
+    """Rejection threshold, temperature and conformal quantiles of one task's held-out records.
+
+    Fitted state: ``novelty_`` ``(n,)`` (the records' novelty scores), ``labels_`` ``(n,)``,
+    ``scores_`` ``(n, k)`` and ``score_classes_`` ``(n, k)`` (each record's best ``k <= TOP``
+    class scores and their labels, the true class's among them), ``temperature_``,
+    ``nonconformity_`` ``(n,)`` (``1 - p_y`` at that temperature, over the kept classes) and
+    ``top_label_`` (``[a, b]`` of :func:`fit_top_label`).
+    """
+
+    _state_attributes: ClassVar[tuple[str, ...]] = (
+        "novelty_", "labels_", "scores_", "score_classes_", "temperature_", "nonconformity_",
+        "top_label_")
+
+    def fit(self, novelty: torch.Tensor, labels: torch.Tensor, scores: torch.Tensor,
+            classes: torch.Tensor, *, previous: Calibration | None = None,
+            max_records: int = MAX_RECORDS) -> Calibration:
+        """Fit from records: ``novelty`` ``(n,)``, ``labels`` ``(n,)``, the head's class scores
+        ``scores`` ``(n, C)`` with columns labelled by ``classes`` ``(C,)``; with ``previous``
+        (the calibration of earlier tasks), its newest records join them up to ``max_records``
+        in all (these records are always kept). Returns ``self``."""
+        labels = torch.as_tensor(labels, dtype=torch.int64).reshape(-1)
+        classes = torch.as_tensor(classes, dtype=torch.int64).reshape(-1)
+        scores = scores.to(torch.float64).cpu()
+        if not (novelty.numel() == labels.numel() == scores.shape[0]) or scores.shape[1] != len(classes):
+            raise ValueError("calibration records: novelty, labels and scores must describe the "
+                             "same samples, and scores have one column per class")
+        if not labels.numel():
+            raise ValueError("calibration needs at least one held-out record")
+        where = {c: i for i, c in enumerate(classes.tolist())}
+        missing = sorted({c for c in labels.tolist() if c not in where})
+        if missing:
+            raise ValueError(f"calibration records of classes the head lacks: {missing[:5]}")
+        true_col = torch.tensor([where[c] for c in labels.tolist()], dtype=torch.int64)
+        k = min(TOP, len(classes))
+        top = scores.topk(k, dim=1).indices
+        has_true = (top == true_col[:, None]).any(1)
+        top[~has_true, -1] = true_col[~has_true]  # the true class's score is always kept
+        self.scores_ = scores.gather(1, top)
+        self.score_classes_ = classes[top]
+        self.labels_ = labels
+        self.novelty_ = novelty.to(torch.float64).cpu().reshape(-1)
+        if previous is not None:
+            self._prepend(previous, max(0, int(max_records) - self.n_records))
+        return self._refit()
+
+    def _prepend(self, older: Calibration, room: int) -> None:
+        """Put the newest ``room`` records of ``older`` before these (class scores padded)."""
+        start = max(0, older.n_records - room)
+        width = max(self.scores_.shape[1], older.scores_.shape[1])
+
+        def padded(t: torch.Tensor, fill) -> torch.Tensor:
+            return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill)
+
+        self.scores_ = torch.cat([padded(older.scores_[start:], -math.inf),
+                                  padded(self.scores_, -math.inf)])
+        self.score_classes_ = torch.cat([padded(older.score_classes_[start:], -1),
+                                         padded(self.score_classes_, -1)])
+        self.labels_ = torch.cat([older.labels_[start:], self.labels_])
+        self.novelty_ = torch.cat([older.novelty_[start:], self.novelty_])
+
+    def _refit(self) -> Calibration:
+        true = self.score_classes_ == self.labels_[:, None]
+        self.temperature_ = fit_temperature(self.scores_, true.double().argmax(1))
+        p = torch.softmax(self.scores_ / self.temperature_, 1)
+        self.nonconformity_ = 1.0 - (p * true).sum(1)
+        top, at = p.max(1)
+        self.top_label_ = list(fit_top_label(top, true.gather(1, at[:, None])[:, 0]))
+        return self
+
+    # ------------------------------------------------------------------ use
+    def threshold(self, rate: float = 0.05) -> float:
+        """Novelty score below which an input is rejected, for a false-rejection rate of at most
+        ``rate`` on inputs exchangeable with the records."""
+        _check_rate(rate, "rate")
+        return lower_quantile(self.novelty_, rate)
+
+    def tempered(self, scores: torch.Tensor) -> torch.Tensor:
+        """``softmax(scores / T)`` of class scores ``(n, C)``: what the conformal sets use."""
+        return torch.softmax(scores.to(torch.float64) / self.temperature_, 1)
+
+    def calibrated(self, scores: torch.Tensor) -> torch.Tensor:
+        """Calibrated probabilities of class scores ``(n, C)``: :meth:`tempered`, then the
+        top class's probability mapped by the records' top-label fit
+        (:func:`top_label_probabilities`)."""
+        return top_label_probabilities(self.tempered(scores), self.top_label_)
+
+    def quantile(self, alpha: float = 0.1) -> float:
+        """The conformal ``q`` for miscoverage ``alpha``."""
+        _check_rate(alpha, "alpha")
+        return conformal_quantile(self.nonconformity_, alpha)
+
+    def prediction_sets(self, scores: torch.Tensor, alpha: float = 0.1) -> torch.Tensor:
+        """Boolean ``(n, C)``: the classes of each conformal set (class scores ``(n, C)``).
+        The best class is always in the set (a superset keeps the guarantee; records all
+        classified right by wide margins give ``q`` near 0, which would leave sets empty)."""
+        proba = self.tempered(scores)
+        sets = proba >= 1.0 - self.quantile(alpha)
+        sets[torch.arange(len(proba)), proba.argmax(1)] = True
+        return sets
+
+    # ------------------------------------------------------------------ forgetting
+    def forget(self, classes) -> Calibration | None:
+        """Drop the records of ``classes`` and their class scores from the others, and refit;
+        ``None`` when no record is left."""
+        drop = torch.as_tensor(list(classes), dtype=torch.int64)
+        keep = ~torch.isin(self.labels_, drop)
+        if not bool(keep.any()):
+            return None
+        scores = self.scores_[keep].masked_fill(torch.isin(self.score_classes_[keep], drop),
+                                                -math.inf)
+        self.scores_, self.score_classes_ = scores, self.score_classes_[keep]
+        self.labels_, self.novelty_ = self.labels_[keep], self.novelty_[keep]
+        return self._refit()
+
+    @property
+    def n_records(self) -> int:
+        return int(self.labels_.numel())
+
+
+def _check_rate(value: float, name: str) -> None:
+    if not isinstance(value, (int, float)) or not 0.0 < float(value) < 1.0:
+        raise ValueError(f"{name} must lie strictly between 0 and 1; got {value!r}")
+
+
+# ---------------------------------------------------------------------- records of a task
+def calibration_split(labels: torch.Tensor, share: float, seed: int) -> torch.Tensor:
+    """Positions of ``labels`` to hold out for calibration: ``floor(share n_c)`` random samples of
+    every class with ``n_c`` samples, leaving each class at least two (drawn with ``seed``)."""
+    _check_rate(share, "share")
+    labels = torch.as_tensor(labels, dtype=torch.int64).reshape(-1)
+    g = torch.Generator().manual_seed(int(seed))
+    held = []
+    for c in labels.unique().tolist():
+        members = torch.nonzero(labels == c)[:, 0]
+        k = min(math.floor(share * len(members)), len(members) - 2)
+        if k > 0:
+            held.append(members[torch.randperm(len(members), generator=g)[:k]])
+    return torch.cat(held).sort().values if held else torch.empty(0, dtype=torch.int64)
+
+
+def without_samples(stats, X: torch.Tensor, y: torch.Tensor, *, classes_only: bool = False):
+    """A copy of dense statistics ``stats`` without the samples ``X``, ``y`` they include (the
+    exact inverse of :meth:`~gdacil.ClassGaussians.update`, by Chan's merge formula solved for
+    one part); with ``classes_only``, only the classes of ``y`` (a copy of those alone). Every
+    class must keep at least one sample."""
+    from .stats import ClassGaussians
+    from .stats.linalg import symmetrize
+
+    if not isinstance(stats, ClassGaussians):
+        raise ValueError(f"held-out calibration needs dense statistics (ClassGaussians) to take "
+                         f"samples out exactly; got {type(stats).__name__}")
+    part = ClassGaussians(stats.dim, ddof=stats.ddof, device=stats.device).update(X, y)
+    labels = part.classes
+    pos = stats.positions(labels).to(stats.device)
+    n, m = stats.counts[pos].to(torch.float64), part.counts.to(torch.float64)
+    left = n - m
+    if bool((left < 1).any()):
+        raise ValueError("held-out calibration must leave every class at least one sample")
+    mean_h = part.means
+    mean_r = (n[:, None] * stats.means[pos] - m[:, None] * mean_h) / left[:, None]
+    gap = mean_r - mean_h
+    scatter = (stats.scatters[pos] - part.scatters
+               - (left * m / n)[:, None, None] * gap[:, :, None] * gap[:, None, :])
+    denom = (left - stats.ddof).clamp_min(1.0)
+    covs = torch.where((left > stats.ddof)[:, None, None], symmetrize(scatter) / denom[:, None, None],
+                       torch.zeros_like(scatter))
+    if classes_only:
+        return ClassGaussians(stats.dim, ddof=stats.ddof, device=stats.device).add_classes(
+            labels, mean_r, covs, left)
+    return stats.copy().remove_classes(labels).add_classes(labels, mean_r, covs, left)
+
+
+def _probe_scores(head, stats, average_covariance, X: torch.Tensor, y: torch.Tensor,
+                  method: str | None):
+    """Novelty scores and class scores of ``X`` (labels ``y``, included in ``stats``) by
+    ``head`` refitted without them. Heads whose rows depend on other classes only through the
+    shared terms (:data:`~gdacil.heads.sharded.SHARDABLE`) refit only the classes of ``y``, with
+    the model's terms; others refit as a copy. ``average_covariance`` is ``stats``'s."""
+    import copy
+
+    from .heads.base import ModelTerms
+    from .heads.sharded import SHARDABLE
+    from .novelty import DISTANCE_SCORES, ClassNovelty, check_method, logit_score
+
+    if type(head) not in SHARDABLE:
+        probe = copy.deepcopy(head).fit(without_samples(stats, X, y))
+        return probe.score_samples(X, method), probe.decision_function(X)
+    rest = without_samples(stats, X, y, classes_only=True)
+    terms = ModelTerms(average_covariance, stats.n_classes, float(stats.counts.sum()))
+    part = copy.deepcopy(head).fit(rest, model_terms=terms)
+    scores = head.decision_function(X).to(torch.float64)
+    where = {c: i for i, c in enumerate(head.classes_.tolist())}
+    columns = [where[c] for c in part.classes_.tolist()]
+    scores[:, columns] = part.decision_function(X).double()
+    method = check_method(method)
+    if method not in DISTANCE_SCORES:
+        return logit_score(scores, method), scores
+    pos = stats.positions(rest.classes)
+    means, counts = stats.means.clone(), stats.counts.clone()
+    means[pos], counts[pos] = rest.means, rest.counts
+    shift = (rest.covariances() - stats.covariances(rest.classes)).sum(0) / stats.n_classes
+    novelty = ClassNovelty().fit_moments(means, counts, average_covariance + shift)
+    return novelty.score(X.to(torch.float64), method), scores
+
+
+def held_out_calibration(head, stats, X: torch.Tensor, y: torch.Tensor, *,
+                         method: str | None = None, previous: Calibration | None = None,
+                         min_records: int = MIN_RECORDS) -> Calibration:
+    """:class:`Calibration` from held-out samples ``X``, ``y`` of the current task that
+    ``stats`` include, scored by ``head`` (fitted on ``stats``) refitted without them (novelty ``method``, default
+    the head's). Heads of :data:`~gdacil.heads.sharded.SHARDABLE` refit only the classes of
+    ``y``, with the model's shared terms (what the held-out samples change in those is
+    ignored), so calibrating costs a fit of the task's classes, not of the model; other heads
+    refit as a copy. With fewer than ``min_records`` records, the newest of ``previous`` join
+    them up to that many (:meth:`Calibration.fit`)."""
+    X = torch.as_tensor(X)
+    y = torch.as_tensor(y, dtype=torch.int64).reshape(-1)
+    novelty, scores = _probe_scores(head, stats, stats.average_covariance(), X, y, method)
+    return Calibration().fit(novelty, y, scores, head.classes_,
+                             previous=previous if len(y) < min_records else None,
+                             max_records=min_records)

@@ -1,0 +1,196 @@
+"""Calibration from held-out records (gdacil.calibration): the stated guarantees of the
+rejection threshold and of split-conformal sets on exchangeable data, temperature scaling, ECE
+by hand, and the exact removal of held-out samples from the statistics."""
+
+import math
+
+import pytest
+import torch
+
+from gdacil import ClassGaussians
+from gdacil.calibration import (
+    Calibration,
+    calibration_split,
+    conformal_quantile,
+    expected_calibration_error,
+    fit_temperature,
+    held_out_calibration,
+    lower_quantile,
+    without_samples,
+)
+from gdacil.heads import LDA, LRRGDA
+from gdacil.stats import LowRankGaussians
+from gdacil.testing import make_stats
+
+
+def _model_draws(n, C=5, temperature=1.0, seed=0):
+    """Class scores and labels drawn from softmax(scores / temperature): exchangeable records."""
+    g = torch.Generator().manual_seed(seed)
+    scores = 3.0 * torch.randn(n, C, generator=g, dtype=torch.float64)
+    labels = torch.multinomial(torch.softmax(scores / temperature, 1), 1, generator=g)[:, 0]
+    return scores, labels
+
+
+def test_rejection_threshold_keeps_its_false_rejection_rate_on_exchangeable_data():
+    g = torch.Generator().manual_seed(0)
+    n, rate, trials = 99, 0.05, 4000
+    draws = torch.randn(trials, n + 1, generator=g, dtype=torch.float64)
+    rejected = [float(d[-1]) < lower_quantile(d[:-1], rate) for d in draws]
+    frr = sum(rejected) / trials
+    # E[FRR] lies in [rate - 1/(n+1), rate]; 4000 trials: standard error 0.0034
+    assert rate - 1 / (n + 1) - 0.011 <= frr <= rate + 0.011
+
+
+def test_conformal_sets_cover_with_the_stated_probability():
+    alpha, n, trials = 0.1, 200, 300
+    hits = []
+    for t in range(trials):
+        scores, labels = _model_draws(n + 20, seed=t)
+        cal = Calibration().fit(torch.zeros(n), labels[:n], scores[:n], torch.arange(5))
+        sets = cal.prediction_sets(scores[n:], alpha)
+        hits.append(float(sets[torch.arange(20), labels[n:]].double().mean()))
+    coverage = sum(hits) / trials
+    # marginal coverage lies in [1 - alpha, 1 - alpha + 1/(n+1)]; 6000 test draws
+    assert 1 - alpha - 0.012 <= coverage <= 1 - alpha + 1 / (n + 1) + 0.012
+
+
+def test_conformal_quantile_needs_enough_records():
+    assert conformal_quantile(torch.tensor([0.1, 0.2]), 0.1) == math.inf
+    assert conformal_quantile(torch.arange(1.0, 20.0), 0.1) == 18.0  # ceil(20 * 0.9) = 18th
+
+
+def test_temperature_recovers_the_overconfidence_of_the_scores():
+    scores, labels = _model_draws(4000, temperature=1.0)
+    assert abs(fit_temperature(2.5 * scores, labels) - 2.5) < 0.15
+    assert abs(fit_temperature(scores, labels) - 1.0) < 0.06
+
+
+def test_calibration_lowers_the_ece_of_overconfident_scores():
+    scores, labels = _model_draws(12000)
+    cal = Calibration().fit(torch.zeros(4000), labels[:4000], 3.0 * scores[:4000],
+                            torch.arange(5))
+    before = expected_calibration_error(torch.softmax(3.0 * scores[4000:], 1), labels[4000:])
+    after = expected_calibration_error(cal.calibrated(3.0 * scores[4000:]), labels[4000:])
+    assert after < 0.03 < before
+
+
+def test_expected_calibration_error_by_hand():
+    proba = torch.tensor([[0.95, 0.05], [0.95, 0.05], [0.55, 0.45], [0.45, 0.55]])
+    labels = torch.tensor([0, 1, 0, 0])
+    # bins of width 1/15: {0.95, 0.95} accuracy 1/2; {0.55, 0.55} accuracy 1/2
+    expected = (2 * abs(0.5 - 0.95) + 2 * abs(0.5 - 0.55)) / 4
+    assert expected_calibration_error(proba, labels) == pytest.approx(expected, abs=1e-12)
+
+
+def test_without_samples_is_the_statistics_of_the_rest():
+    stats, X, y = make_stats()
+    held = calibration_split(y, 0.3, seed=4)
+    rest = torch.ones(len(y), dtype=torch.bool)
+    rest[held] = False
+    got = without_samples(stats, X[held], y[held])
+    ref = ClassGaussians(stats.dim).update(X[rest], y[rest])
+    for c in stats.classes:
+        i, j = got.positions([c])[0], ref.positions([c])[0]
+        assert float(got.counts[i]) == float(ref.counts[j])
+        assert torch.allclose(got.means[i], ref.means[j], rtol=0, atol=1e-12)
+        assert torch.allclose(got.covariances([c]), ref.covariances([c]), rtol=0, atol=1e-11)
+
+
+def test_without_samples_refuses_what_it_cannot_do():
+    stats, X, y = make_stats()
+    with pytest.raises(ValueError, match="dense statistics"):
+        without_samples(LowRankGaussians.from_dense(stats, rank=2), X[:3], y[:3])
+    only = y == 3
+    with pytest.raises(ValueError, match="at least one sample"):
+        without_samples(stats, X[only], y[only])
+
+
+def test_calibration_split_is_seeded_per_class_and_leaves_two():
+    y = torch.tensor([0] * 10 + [1] * 3 + [2] * 2)
+    held = calibration_split(y, 0.2, seed=1)
+    assert torch.equal(held, calibration_split(y, 0.2, seed=1))
+    assert not torch.equal(held, calibration_split(y, 0.2, seed=2))
+    assert [int((y[held] == c).sum()) for c in (0, 1, 2)] == [2, 0, 0]
+    with pytest.raises(ValueError, match="share"):
+        calibration_split(y, 1.5, seed=0)
+
+
+def test_held_out_records_come_from_a_head_that_never_saw_them():
+    stats, X, y = make_stats()
+    held = calibration_split(y, 0.2, seed=0)
+    cal = held_out_calibration(LRRGDA(rank=3).fit(stats), stats, X[held], y[held])
+    probe = LRRGDA(rank=3).fit(without_samples(stats, X[held], y[held]))
+    assert cal.n_records == len(held)
+    # the novelty scores are exactly those of the refitted head; the class scores keep the
+    # model's shared terms (B), so they match it only up to what the held-out samples move there
+    expected = probe.score_samples(X[held])
+    assert torch.allclose(cal.novelty_, expected, rtol=1e-12, atol=1e-12)
+    assert torch.equal(cal.labels_, y[held])
+    k = math.floor(0.1 * (len(held) + 1))
+    assert cal.threshold(0.1) == pytest.approx(float(expected.sort().values[k - 1]), rel=1e-12)
+
+
+def test_held_out_class_scores_refit_only_the_task_classes():
+    stats, X, y = make_stats(n_classes=8)
+    task = y >= 53  # the last two classes are this task's
+    held = torch.nonzero(task)[calibration_split(y[task], 0.2, seed=0)][:, 0]
+    head = LRRGDA(rank=3).fit(stats)
+    cal = held_out_calibration(head, stats, X[held], y[held])
+    probe = LRRGDA(rank=3).fit(without_samples(stats, X[held], y[held]))
+    got = torch.full((len(held), stats.n_classes), -math.inf, dtype=torch.float64)
+    where = {c: i for i, c in enumerate(head.classes_.tolist())}
+    for row, (classes, scores) in enumerate(zip(cal.score_classes_, cal.scores_)):
+        for c, v in zip(classes.tolist(), scores.tolist()):
+            got[row, where[c]] = v
+    ref = probe.decision_function(X[held])
+    # B moves by what two classes' held-out samples change in Sigma_avg: a small shift
+    assert float((got - got.mean(1, keepdim=True) - (ref - ref.mean(1, keepdim=True))).abs().max()) \
+        < 0.1 * float(ref.abs().max())
+    assert float((got.argmax(1) == ref.argmax(1)).double().mean()) >= 0.9
+
+
+def test_forget_drops_the_records_and_scores_of_a_class():
+    stats, X, y = make_stats()
+    held = calibration_split(y, 0.3, seed=0)
+    cal = held_out_calibration(LDA().fit(stats), stats, X[held], y[held])
+    n13 = int((y[held] == 13).sum())
+    before = cal.n_records
+    cal = cal.forget([13])
+    assert cal.n_records == before - n13 and 13 not in cal.labels_.tolist()
+    kept = cal.score_classes_ == 13
+    assert bool(torch.isinf(cal.scores_[kept]).all())  # no score of class 13 is left
+    assert cal.forget(stats.classes) is None
+
+
+def test_state_round_trip_and_bad_records():
+    stats, X, y = make_stats()
+    held = calibration_split(y, 0.2, seed=0)
+    cal = held_out_calibration(LDA().fit(stats), stats, X[held], y[held])
+    loaded = Calibration().load_state_dict(*cal.state_dict())
+    for name in ("novelty_", "labels_", "scores_", "score_classes_", "nonconformity_"):
+        assert torch.equal(getattr(loaded, name), getattr(cal, name)), name
+    assert loaded.temperature_ == cal.temperature_
+    with pytest.raises(ValueError, match="same samples"):
+        Calibration().fit(torch.zeros(3), torch.zeros(2, dtype=torch.long), torch.zeros(3, 2),
+                          torch.arange(2))
+    with pytest.raises(ValueError, match="classes the head lacks"):
+        Calibration().fit(torch.zeros(1), torch.tensor([7]), torch.zeros(1, 2), torch.arange(2))
+    with pytest.raises(ValueError, match="rate must lie strictly between 0 and 1"):
+        cal.threshold(1.0)
+
+
+def test_previous_records_join_a_small_task_up_to_the_minimum():
+    stats, X, y = make_stats()
+    first = calibration_split(y, 0.2, seed=0)
+    old = held_out_calibration(LDA().fit(stats), stats, X[first], y[first])
+    second = calibration_split(y, 0.1, seed=1)
+    new = held_out_calibration(LDA().fit(stats), stats, X[second], y[second])
+    joined = held_out_calibration(LDA().fit(stats), stats, X[second], y[second], previous=old,
+                                  min_records=len(second) + 5)
+    assert joined.n_records == len(second) + 5
+    # the newest five of the older records come first, then this task's, unchanged
+    assert torch.equal(joined.novelty_, torch.cat([old.novelty_[-5:], new.novelty_]))
+    assert torch.equal(joined.labels_, torch.cat([old.labels_[-5:], new.labels_]))
+    enough = held_out_calibration(LDA().fit(stats), stats, X[second], y[second], previous=old,
+                                  min_records=len(second))
+    assert torch.equal(enough.novelty_, new.novelty_)  # a task with enough records stands alone
