@@ -67,7 +67,8 @@ def test_save_and_load_give_identical_predictions_and_scores(tmp_path, kind):
     assert torch.equal(loaded.statistics.scatters, learner.statistics.scatters)
     assert loaded.info() == learner.info() and loaded.config == learner.config
     files = set(os.listdir(tmp_path / "model" / "versions" / "v1"))
-    stored = {"manifest.json", "learner.json", "statistics", "head.safetensors"}
+    stored = {"manifest.json", "learner.json", "statistics", "head.safetensors",
+              "calibration.safetensors"}  # 6 samples a class: 1 of each held out
     if kind == "trained":
         stored |= {"backbone.safetensors", "strategy.safetensors", "anchors.json", "anchors"}
     assert files == stored
@@ -117,7 +118,8 @@ def _damage(path: Path) -> None:
 def test_every_altered_or_missing_file_is_refused_naming_it(tmp_path, trained_bundle):
     version = trained_bundle / "versions" / "v2"
     files = sorted(p.relative_to(version).as_posix() for p in version.rglob("*") if p.is_file())
-    assert {"backbone.safetensors", "strategy.safetensors", "anchors.json"} < set(files)
+    assert {"backbone.safetensors", "strategy.safetensors", "anchors.json",
+            "calibration.safetensors"} < set(files)
     assert any(f.startswith("anchors/") for f in files)
     for i, name in enumerate(files):
         for how in ("altered", "missing"):

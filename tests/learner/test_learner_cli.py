@@ -11,6 +11,8 @@ import shlex
 import shutil
 from pathlib import Path
 
+import pytest
+
 from gdacil.cli import main
 
 from _assets import (
@@ -82,7 +84,7 @@ def test_the_commands_end_to_end(tmp_path, capsys, monkeypatch):
     listing = ok(capsys, "versions", "model").splitlines()
     assert [line[:4] for line in listing] == ["  v1", "  v2", "* v3"]
     assert "learned 8 samples from second (1 new classes, 1 updated)" in listing[1]
-    assert listing[2].endswith("forgot green, blue")
+    assert listing[2].endswith("forgot 2 classes")  # the history keeps no forgotten name
     assert ok(capsys, "rollback", "model", "v2") == "model: v2 is current again (3 classes)\n"
     assert json.loads(ok(capsys, "predict", "model", "query/blue/0.png"))[0]["predictions"][0][
         "class"] == "blue"
@@ -125,6 +127,54 @@ def test_errors_are_one_line_with_status_2(tmp_path, capsys, monkeypatch):
     assert str(stats) in line and "does not match the sha256" in line
     assert str(stats) in fails(capsys, "info", "broken")
     assert not Path("new").exists()  # failed learns write nothing
+
+
+@needs_transformers
+def test_predict_rejects_unknown_inputs_and_gives_conformal_sets(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    image_folder(tmp_path / "photos", ["red", "green", "blue"], 20)  # 4 of each held out
+    ok(capsys, "learn", "model", "--data", "photos", *TINY)
+    assert re.search(r"^calibration +12 held-out samples, temperature \S+, too few records for "
+                     r"reject rate 0.05$", ok(capsys, "info", "model"), re.M)
+    image_folder(tmp_path / "query", ["red", "yellow", "purple"], 2, seed=5)
+    listed = json.loads(ok(capsys, "predict", "model", "query", "--reject", "--reject-rate",
+                           "0.25", "--top-k", "2"))
+    assert [r["input"] for r in listed][:2] == ["query/purple/0.png", "query/purple/1.png"]
+    for entry in listed:
+        assert set(entry) == {"input", "predictions", "unknown", "novelty", "threshold"}
+        assert entry["unknown"] == (entry["novelty"] < entry["threshold"])
+        assert len(entry["predictions"]) == 2
+    # the unlearned colours are far below the threshold; a known input is at times below it
+    # too (at the rate asked for), but not both red ones here
+    assert [r["unknown"] for r in listed if "/red/" not in r["input"]] == [True] * 4
+    assert not all(r["unknown"] for r in listed if "/red/" in r["input"])
+    rows = list(csv.DictReader(io.StringIO(ok(capsys, "predict", "model", "query", "--reject",
+                                              "--reject-rate", "0.25", "--format", "csv"))))
+    assert [(r["input"], r["unknown"]) for r in rows] == [(r["input"], str(r["unknown"]).lower())
+                                                          for r in listed]
+    assert [float(r["novelty"]) for r in rows] == [r["novelty"] for r in listed]
+    sets = json.loads(ok(capsys, "predict", "model", "query/red", "--sets", "0.2"))
+    assert [s["set"] for s in sets] == [["red"], ["red"]]
+    assert "set" in next(csv.DictReader(io.StringIO(ok(
+        capsys, "predict", "model", "query/red/0.png", "--sets", "0.2", "--format", "csv"))))
+    # without --reject the output is as before
+    assert set(json.loads(ok(capsys, "predict", "model", "query/red/0.png"))[0]) == {
+        "input", "predictions"}
+    assert "12 held-out samples, too few for a false-rejection rate of 0.05" in fails(
+        capsys, "predict", "model", "query/red/0.png", "--reject")
+    assert "--reject-rate applies with --reject only" in fails(
+        capsys, "predict", "model", "query/red/0.png", "--reject-rate", "0.3")
+    for flag, value, message in (("--reject-rate", "1.5", "a number strictly between 0 and 1"),
+                                 ("--sets", "0", "a number strictly between 0 and 1"),
+                                 ("--sets", "nan", "a finite number")):
+        with pytest.raises(SystemExit) as usage:  # argparse's usage error
+            main(["predict", "model", "query/red/0.png", "--reject", flag, value])
+        assert usage.value.code == 2
+        assert f"argument {flag}: expected {message}; got '{value}'" in capsys.readouterr().err
+    ok(capsys, "learn", "plain", "--data", "photos", *TINY, "--max-per-class", "2")
+    assert "rejection needs a calibrated model, and this one has no calibration" in fails(
+        capsys, "predict", "plain", "query/red/0.png", "--reject")
+    assert re.search(r"^calibration +none", ok(capsys, "info", "plain"), re.M)
 
 
 def readme_commands() -> list[str]:

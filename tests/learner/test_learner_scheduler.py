@@ -170,6 +170,49 @@ def test_a_request_is_answered_by_the_model_it_was_queued_under():
         assert all(x in "habcde" for x in items) if model == "v1" else set(items) <= set("xyz")
 
 
+def test_requests_with_other_options_never_share_a_batch():
+    """A request asking for rejection (at some rate) is batched only with requests asking the
+    same, and ``run`` gets its options: no request gets answers computed for another's."""
+    batches: list[tuple[dict, list]] = []
+    entered, release = threading.Event(), threading.Event()
+
+    def run(model, items, top_k, **options):
+        batches.append((options, list(items)))
+        entered.set()
+        assert release.wait(30)
+        return [(x, options) for x in items]
+
+    reject = {"reject": True, "reject_rate": 0.1}
+    scheduler = PredictionScheduler(run, max_batch=16, max_pending=100, batch_seconds=10)
+    scheduler.start()
+    try:
+        held = scheduler.submit("m", ["held"], [1.0], top_k=1, timeout=60)
+        assert entered.wait(30)  # the others queue while this batch is in flight
+        plain = scheduler.submit("m", ["a", "b"], [1.0] * 2, top_k=1, timeout=60)
+        rejecting = scheduler.submit("m", ["c", "d"], [1.0] * 2, top_k=1, timeout=60,
+                                     options=reject)
+        other_rate = scheduler.submit("m", ["e"], [1.0], top_k=1, timeout=60,
+                                      options={**reject, "reject_rate": 0.2})
+        same = scheduler.submit("m", ["f"], [1.0], top_k=2, timeout=60,
+                                options={"reject_rate": 0.1, "reject": True})  # any order
+        sets = scheduler.submit("m", ["g"], [1.0], top_k=1, timeout=60, options={"sets": 0.1})
+        release.set()
+        assert [o for _, o in held.result(30)] == [{}]
+        assert [o for _, o in plain.result(30)] == [{}, {}]
+        assert [o for _, o in rejecting.result(30)] == [reject, reject]
+        assert [o for _, o in other_rate.result(30)] == [{**reject, "reject_rate": 0.2}]
+        assert [o for _, o in same.result(30)] == [reject]
+        assert [o for _, o in sets.result(30)] == [{"sets": 0.1}]
+    finally:
+        scheduler.close()
+    asked = {"held": {}, "a": {}, "b": {}, "c": reject, "d": reject, "f": reject,
+             "e": {**reject, "reject_rate": 0.2}, "g": {"sets": 0.1}}
+    for options, items in batches:
+        assert all(asked[x] == options for x in items), (options, items)
+    assert sorted(items for _, items in batches) == [["a", "b"], ["e"], ["f", "c", "d"], ["g"],
+                                                     ["held"]]
+
+
 def test_closing_fails_the_waiting_requests_and_refuses_new_ones():
     run = Recorder()
     scheduler = PredictionScheduler(run, max_batch=1, max_pending=100, batch_seconds=10)

@@ -278,6 +278,81 @@ def test_bad_requests_get_4xx_with_a_message(model_dir):
         assert call(url, "/health")[0] == 200  # still serving
 
 
+def test_rejection_and_conformal_sets_over_http(tmp_path):
+    """``"reject": true`` adds "unknown", "novelty" and "threshold" (equal to the learner's),
+    ``"sets"`` conformal sets; bad values and models without calibration get 400."""
+    learner = tiny_learner()
+    learner.learn(*colour_set(COLOURS, 20))  # 4 of each held out: 12 records
+    learner.save(tmp_path / "model")
+    plain = tiny_learner(calibration_share=0)
+    plain.learn(*colour_set(COLOURS, 8))
+    plain.save(tmp_path / "plain")
+    images = [*queries(1, seed=5), *colour_set(["yellow", "purple"], 1, seed=5)[0]]
+    inputs = [png_base64(x) for x in images]
+    reference = learner.predict(images, top_k=2, reject=True, reject_rate=0.25, sets=0.2)
+    with running(ModelService(tmp_path / "model", poll=0)) as url:
+        status, answer = call(url, "/predict", {"inputs": inputs, "top_k": 2, "reject": True,
+                                                "reject_rate": 0.25})
+        assert status == 200, answer
+        assert set(answer) == {"version", "predictions", "unknown", "novelty", "threshold"}
+        assert answer["unknown"] == [p.unknown for p in reference]
+        assert answer["unknown"][3:] == [True, True]  # yellow and purple
+        np.testing.assert_allclose(answer["novelty"], [p.novelty for p in reference], rtol=1e-6)
+        assert answer["threshold"] == learner.rejection_threshold(0.25)
+        assert_same(answer["predictions"], [p.to_list() for p in reference])
+        status, answer = call(url, "/predict", {"inputs": inputs, "sets": 0.2})
+        assert status == 200 and set(answer) == {"version", "predictions", "sets"}
+        assert answer["sets"] == [list(p.prediction_set) for p in reference]
+        status, answer = call(url, "/info")
+        assert answer["calibration"]["records"] == 12
+        for payload, message in [
+            ({"reject": "yes"}, "'reject' must be true or false; got 'yes'"),
+            ({"reject": True, "reject_rate": 1.5}, "'reject_rate' (the target false-rejection "
+                                                   "rate) must be a number strictly between 0 "
+                                                   "and 1; got 1.5"),
+            ({"reject": True, "reject_rate": True}, "'reject_rate' (the target"),
+            ({"reject_rate": 0.1}, "'reject_rate' applies with \"reject\": true only"),
+            ({"sets": 0}, "'sets' (the conformal sets' miscoverage alpha) must be a number"),
+            ({"sets": "0.1"}, "'sets' (the conformal sets' miscoverage alpha) must be a number"),
+            ({"reject": True}, "holds 12 held-out samples, too few for a false-rejection rate "
+                               "of 0.05"),
+            ({"sets": 0.1, "alpha": 0.1}, "unknown fields: alpha"),
+        ]:
+            got, answer = call(url, "/predict", {"inputs": inputs[:1], **payload})
+            assert (got, message in answer.get("error", "")) == (400, True), (payload, answer)
+    service = ModelService(tmp_path / "plain", poll=0).start()
+    try:
+        for payload in ({"reject": True}, {"sets": 0.1}):
+            with pytest.raises(RequestError, match="needs a calibrated model, and this one has "
+                                                   "no calibration: calibration_share is 0"):
+                service.predict({"inputs": inputs[:1], **payload})
+        assert "unknown" not in service.predict({"inputs": inputs[:1]})
+    finally:
+        service.close()
+
+
+def test_requests_with_and_without_rejection_get_their_own_answers(tmp_path):
+    learner = tiny_learner()
+    learner.learn(*colour_set(COLOURS, 20))
+    learner.save(tmp_path / "model")
+    images = [png_base64(x) for x in queries(2, seed=6)]
+    service = ModelService(tmp_path / "model", poll=0).start()
+    try:
+        asks = [{"inputs": images, "top_k": 2}, {"inputs": images, "reject": True,
+                                                 "reject_rate": 0.3},
+                {"inputs": images[:2], "sets": 0.3}, {"inputs": images[:3]}]
+        requests = [service.prepare(ask) for ask in asks]
+        futures = [service.submit(r) for r in requests for _ in range(3)]
+        answers = [service.answer(r, f.result(60)) for r, f in zip(
+            [r for r in requests for _ in range(3)], futures)]
+    finally:
+        service.close()
+    for answer, ask in zip(answers, [a for a in asks for _ in range(3)]):
+        assert ("unknown" in answer) == ("reject" in ask) and ("sets" in answer) == ("sets" in ask)
+        assert len(answer["predictions"]) == len(ask["inputs"])
+        assert len(answer.get("unknown", ask["inputs"])) == len(ask["inputs"])
+
+
 def chunked_post(url: str, path: str, chunks: list[bytes]) -> int:
     """The status of a POST whose body streams in chunks, without a Content-Length."""
     import http.client
@@ -384,3 +459,91 @@ def test_text_model_under_concurrent_clients_while_learning(tmp_path):
         want = reference[ask] if answer["version"] == "v1" else \
             [p.to_list() for p in after.predict(list(ask), top_k=2)]
         assert_same(answer["predictions"], want)
+
+
+# ---------------------------------------------------------------------- the README's rejection
+#: Support tickets of three queues, 40 each: every combination of one phrase per slot, every
+#: 37th of them (so 8 of each queue are held out to calibrate, 24 records in all)
+TICKET_SLOTS = {
+    "billing": (["I was charged", "My card was billed", "You took a payment",
+                 "The invoice shows a charge", "My bank statement lists a fee",
+                 "The receipt has a price", "I paid", "The renewal cost me"],
+                ["twice", "the wrong amount", "an extra fee", "more than the advertised price",
+                 "after I cancelled", "in the wrong currency", "without my consent",
+                 "for a plan I never chose"],
+                ["for my subscription", "this month", "on the last invoice", "for the annual plan",
+                 "and I want a refund", "please explain", "on my credit card",
+                 "for my company account"]),
+    "bugs": (["The app crashes", "The page freezes", "The screen goes blank", "The upload fails",
+              "The search box stops working", "Notifications stop", "The video player stutters",
+              "Sync breaks"],
+             ["when I open settings", "after I click save", "on startup",
+              "after the latest update", "when I switch to dark mode", "whenever I log in",
+              "when I attach a photo", "in the browser"],
+             ["on my phone", "every time", "since yesterday", "with an error message",
+              "on Android", "on my laptop", "and I lose my work", "for all my files"]),
+    "account": (["How do I change", "I want to update", "Please reset", "I cannot find",
+                 "Help me recover", "How can I remove", "I need to verify", "Where do I edit"],
+                ["my email address", "my password", "my username", "my phone number",
+                 "the name on my profile", "my two-factor settings", "my login details",
+                 "my recovery email"],
+                ["for my account", "please", "on the website", "as soon as possible",
+                 "before my trip", "in the app", "for my team", "today"]),
+}
+
+
+def many_tickets() -> tuple[list[str], list[str]]:
+    import itertools
+
+    texts, labels = [], []
+    for queue, slots in TICKET_SLOTS.items():
+        combos = list(itertools.product(*slots))
+        texts += [" ".join(combos[37 * i % len(combos)]) for i in range(40)]
+        labels += [queue] * 40
+    return texts, labels
+
+
+def readme_rejection_lines() -> list[str]:
+    """The ``gdacil serve`` and curl lines of the README's "I don't know" example."""
+    import re
+
+    from test_learner_cli import README
+
+    blocks = re.findall(r"```sh\n(gdacil serve .*?)```", README.read_text(encoding="utf-8"),
+                        re.S)
+    found = [b for b in blocks if '"reject": true' in b]
+    assert len(found) == 1, "the README's rejection example is missing"
+    return [line for line in found[0].splitlines() if line.strip()]
+
+
+@needs_minilm
+def test_the_readme_rejection_example_works_against_a_live_server(tmp_path, monkeypatch):
+    import shlex
+
+    monkeypatch.chdir(tmp_path)
+    serve_line, curl = readme_rejection_lines()
+    assert serve_line.startswith("gdacil serve tickets-model")
+    learner = Learner("minilm")
+    learner.learn(*many_tickets())
+    learner.save("tickets-model")
+    assert learner.calibration.n_records == 24  # enough for the default rate of 5 %
+    port = str(free_port())
+    argv = [sys.executable, "-m", "gdacil", *shlex.split(serve_line)[1:]]
+    argv[argv.index("--port") + 1] = port
+    server = subprocess.Popen([*argv, "--log-level", "warning"], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_serving(server, url)
+        command = shlex.split(curl.replace("localhost:8000", f"127.0.0.1:{port}"))
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        answer = json.loads(done.stdout)
+    finally:
+        server.terminate()
+        server.communicate(timeout=60)
+    assert set(answer) == {"version", "predictions", "unknown", "novelty", "threshold"}
+    assert answer["unknown"] == [False, True]  # what the README says
+    assert answer["predictions"][0][0]["class"] == "billing"
+    assert answer["threshold"] == learner.rejection_threshold()
+    assert answer["novelty"][1] < answer["threshold"] < answer["novelty"][0]

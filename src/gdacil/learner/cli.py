@@ -58,13 +58,25 @@ def learner_commands(sub) -> None:
         "predict", help="classify images or texts with a model",
         description="Print the top classes of each INPUT with their scores and probabilities. "
                     "For an image model an INPUT is an image file or a folder (every image "
-                    "under it); for a text model it is a text.")
+                    "under it); for a text model it is a text. With --reject, an INPUT unlike "
+                    "every known class is marked unknown; --sets prints conformal sets of "
+                    "classes. Both need a calibrated model (see docs/learner.md, \"Saying I "
+                    "don't know\").")
     predict.add_argument("model", metavar="MODEL", help="the model directory")
     predict.add_argument("inputs", nargs="+", metavar="INPUT")
     predict.add_argument("--top-k", type=positive_int, default=1, metavar="K",
                          help="classes per input (default: 1)")
     predict.add_argument("--format", choices=("json", "csv"), default="json")
     predict.add_argument("--version", help="a saved version instead of the current one")
+    predict.add_argument("--reject", action="store_true",
+                         help="mark inputs unlike every known class as unknown (\"unknown\": "
+                              "true, with their novelty score and the threshold it fell below)")
+    predict.add_argument("--reject-rate", type=rate, metavar="R",
+                         help="with --reject: the target share of known inputs marked unknown, "
+                              "between 0 and 1 (default: the model's reject_rate, 0.05)")
+    predict.add_argument("--sets", type=rate, metavar="ALPHA",
+                         help="also print each input's conformal set: the classes that hold its "
+                              "true class with probability at least 1 - ALPHA (0 < ALPHA < 1)")
     predict.set_defaults(func=_predict)
 
     info = sub.add_parser("info", help="what a model is and which classes it holds",
@@ -101,7 +113,9 @@ def learner_commands(sub) -> None:
         "serve", help="answer predictions (and optionally learns) over HTTP",
         description="Serve MODEL as an HTTP JSON API (needs: pip install 'gdacil[serve]'): "
                     "GET /health, GET /info, POST /predict {\"inputs\": [...], \"top_k\": 1} "
-                    "(texts, or base64-encoded image files), and with --allow-learn POST /learn "
+                    "(texts, or base64-encoded image files; \"reject\": true marks inputs of no "
+                    "known class unknown, \"sets\": ALPHA adds conformal sets), and with "
+                    "--allow-learn POST /learn "
                     "{\"inputs\": [...], \"labels\": [...]}, which saves a new version and swaps "
                     "it in while predictions keep flowing. Versions written by other commands "
                     "(gdacil learn, rollback) are picked up within --poll seconds. See "
@@ -167,6 +181,7 @@ port = _checked(_integer, lambda v: 0 <= v <= 65535, "a port from 0 (any free on
 positive_seconds = _checked(_number, lambda v: v > 0, "a number of seconds > 0")
 nonnegative_seconds = _checked(_number, lambda v: v >= 0, "a number of seconds >= 0")
 body_mb = _checked(_number, lambda v: v * (1 << 20) >= 1, "a size in MiB of at least one byte")
+rate = _checked(_number, lambda v: 0 < v < 1, "a number strictly between 0 and 1")
 
 #: ``gdacil serve``'s limits: flag, type, default, metavar and help (the default is appended)
 _SERVE_LIMITS = (
@@ -305,19 +320,29 @@ def _inputs(learner, model: Path, items: list[str]) -> list[str]:
 def _predict(args) -> int:
     from .learner import Learner
 
+    if args.reject_rate is not None and not args.reject:
+        raise ValueError("--reject-rate applies with --reject only")
     learner = Learner.load(args.model, args.version)
     inputs = _inputs(learner, Path(args.model), args.inputs)
-    predictions = learner.predict(inputs, top_k=args.top_k, progress=_progress())
+    predictions = learner.predict(inputs, top_k=args.top_k, reject=args.reject,
+                                  reject_rate=args.reject_rate, sets=args.sets,
+                                  progress=_progress())
     if args.format == "json":
-        print(json.dumps([{"input": x, "predictions": p.to_list()}
-                          for x, p in zip(inputs, predictions)], indent=2))
-    else:
-        writer = csv.writer(sys.stdout, lineterminator="\n")
-        writer.writerow(["input", "rank", "class", "score", "probability"])
-        for x, p in zip(inputs, predictions):
-            for rank, row in enumerate(p.to_list(), 1):  # probabilities: asked for, never None
-                writer.writerow([x, rank, row["class"], repr(row["score"]),
-                                 repr(row.get("probability"))])
+        print(json.dumps([{"input": x, **p.to_dict()} for x, p in zip(inputs, predictions)],
+                         indent=2))
+        return 0
+    writer = csv.writer(sys.stdout, lineterminator="\n")
+    writer.writerow(["input", "rank", "class", "score", "probability"]
+                    + (["unknown", "novelty", "threshold"] if args.reject else [])
+                    + (["set"] if args.sets is not None else []))
+    for x, p in zip(inputs, predictions):
+        extra = ([str(p.unknown).lower(), repr(p.novelty), repr(p.threshold)] if args.reject
+                 else [])
+        if args.sets is not None:
+            extra.append(json.dumps(list(p.prediction_set or ()), ensure_ascii=False))
+        for rank, row in enumerate(p.to_list(), 1):  # probabilities: asked for, never None
+            writer.writerow([x, rank, row["class"], repr(row["score"]),
+                             repr(row.get("probability")), *extra])
     return 0
 
 
@@ -343,12 +368,24 @@ def _info(args) -> int:
         ("compensator", json.dumps(info["compensator"]) if info["compensator"] else "-"),
         ("statistics", info["statistics"]),
         ("anchors", f"{info['anchors']['kept']} kept (at most {info['anchors']['size']})"),
+        ("calibration", _calibration_line(info["calibration"])),
         ("learned", f"{info['samples']} samples in {info['learns']} learns"),
         ("classes", f"{len(classes)}: {listing}" if classes else "none"),
     ]
     for key, value in lines:
         print(f"{key:<12} {value}")
     return 0
+
+
+def _calibration_line(calibration: dict | None) -> str:
+    if calibration is None:
+        return "none (predict --reject and --sets need one)"
+    threshold = calibration["threshold"]
+    at = (f"threshold {threshold:.4g} at reject rate {calibration['reject_rate']:g}"
+          if threshold is not None else
+          f"too few records for reject rate {calibration['reject_rate']:g}")
+    return (f"{calibration['records']} held-out samples, temperature "
+            f"{calibration['temperature']:.4g}, {at}")
 
 
 def _forget(args) -> int:
@@ -372,7 +409,10 @@ def _describe(event: dict) -> str:
         return (f"learned {event['samples']} samples from {event['source']} "
                 f"({len(event['new'])} new classes, {len(event['updated'])} updated)")
     if event.get("action") == "forget":
-        return f"forgot {', '.join(event['classes'])}"
+        if "classes" in event:  # versions saved before forgetting dropped the names
+            return f"forgot {', '.join(event['classes'])}"
+        count = event.get("count", 0)
+        return f"forgot {count} class{'' if count == 1 else 'es'}"
     return str(event.get("action", "?"))
 
 

@@ -3,23 +3,29 @@
 Every part is built by its registry name, as in experiment configs (:mod:`gdacil.cil.config`),
 so a saved model records names and options, never code:
 
-==================  ==============================================================================
-field               what
-==================  ==============================================================================
-``backbone``        a :data:`gdacil.backbones.BACKBONES` name (default ``minilm``), with
-                    ``backbone_options`` for its factory
-``head``            a head built from class statistics (:data:`gdacil.heads.HEADS`; default the
-                    experiments' default, ``lr_rgda``), with ``head_params``
-``strategy``        the Stage-1 strategy, a :class:`~gdacil.cil.config.StrategySpec` (a name,
-                    or ``{"name": ..., **overrides}``; default ``frozen``)
-``compensator``     moves old classes' statistics after the strategy trains the backbone, a
-                    :class:`~gdacil.cil.config.CompensatorConfig` (a name or a mapping; default
-                    ``hopdc``, gdacil's recommended preset); unused while frozen
-``statistics``      a :class:`~gdacil.cil.config.StatisticsConfig` (``"dense"``, ``"lowrank"``
-                    or its fields; default: dense :class:`~gdacil.ClassGaussians`)
-``anchors``         raw samples kept (a seeded reservoir) to fit the compensator; only kept
-                    when the strategy trains the backbone on later tasks
-==================  ==============================================================================
+======================  ============================================================================
+field                   what
+======================  ============================================================================
+``backbone``            a :data:`gdacil.backbones.BACKBONES` name (default ``minilm``), with
+                        ``backbone_options`` for its factory
+``head``                a head built from class statistics (:data:`gdacil.heads.HEADS`; default the
+                        experiments' default, ``lr_rgda``), with ``head_params``
+``strategy``            the Stage-1 strategy, a :class:`~gdacil.cil.config.StrategySpec` (a name,
+                        or ``{"name": ..., **overrides}``; default ``frozen``)
+``compensator``         moves old classes' statistics after the strategy trains the backbone, a
+                        :class:`~gdacil.cil.config.CompensatorConfig` (a name or a mapping; default
+                        ``hopdc``, gdacil's recommended preset); unused while frozen
+``statistics``          a :class:`~gdacil.cil.config.StatisticsConfig` (``"dense"``, ``"lowrank"``
+                        or its fields; default: dense :class:`~gdacil.ClassGaussians`)
+``anchors``             raw samples kept (a seeded reservoir) to fit the compensator; only kept
+                        when the strategy trains the backbone on later tasks
+``calibration_share``   the share of each class's samples in a learn held out to calibrate
+                        rejection, probabilities and conformal sets (:mod:`gdacil.calibration`;
+                        default 0.2, 0: none)
+``reject_rate``         the default target false-rejection rate of ``predict(..., reject=True)``
+``novelty``             the novelty score of rejection (:mod:`gdacil.novelty`; default: the
+                        head's)
+======================  ============================================================================
 """
 
 from __future__ import annotations
@@ -49,6 +55,11 @@ def _named(cls: type[TypedConfig]):
     def parse(value, path: str):
         return cls.from_dict({"name": value} if isinstance(value, str) else value, where=path)
     return parse
+
+
+def _number(value) -> bool:
+    """Whether ``value`` is a real number (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _statistics(value, path: str) -> StatisticsConfig:
@@ -92,6 +103,17 @@ class LearnerConfig(TypedConfig):
         Store the backbone's weights in every saved version even when it is frozen (they always
         are when a strategy trains it). Makes a model independent of how its backbone is built,
         e.g. of a randomly initialised test backbone.
+    calibration_share : float
+        Share of each class's samples in a learn held out to calibrate the model (they are
+        learned too: the calibration scores them with a copy of the head fitted without them);
+        0 disables calibration. Needs dense statistics; see docs/learner.md, "Saying I don't
+        know".
+    reject_rate : float
+        Default target false-rejection rate of ``predict(..., reject=True)``: the share of
+        inputs of known classes it may call unknown.
+    novelty : str, optional
+        The novelty score of rejection (:data:`gdacil.novelty.NOVELTY_SCORES`); None: the head's
+        default (``"shrunk_relative_mahalanobis"``).
     """
 
     backbone: str = _DEFAULT_BACKBONE
@@ -110,6 +132,9 @@ class LearnerConfig(TypedConfig):
     batch_size: int = 32
     ddof: int = 0
     store_backbone: bool = False
+    calibration_share: float = 0.2
+    reject_rate: float = 0.05
+    novelty: str | None = None
 
     def __post_init__(self):
         self._coerce_nested()
@@ -167,6 +192,19 @@ class LearnerConfig(TypedConfig):
         for name in ("include_current", "store_backbone"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}: expected true or false; got {getattr(self, name)!r}")
+        share, rate = self.calibration_share, self.reject_rate
+        if not (_number(share) and (share == 0 or 0 < share < 1)):
+            raise ConfigError(f"calibration_share: expected 0 (no calibration) or a share "
+                              f"strictly between 0 and 1; got {share!r}")
+        if not (_number(rate) and 0 < rate < 1):
+            raise ConfigError(f"reject_rate: expected a rate strictly between 0 and 1; got "
+                              f"{rate!r}")
+        if self.novelty is not None:
+            from ..novelty import NOVELTY_SCORES
+
+            if self.novelty not in NOVELTY_SCORES:
+                raise ConfigError(f"novelty: expected null (the head's default) or one of "
+                                  f"{', '.join(NOVELTY_SCORES)}; got {self.novelty!r}")
 
     # ------------------------------------------------------------------ builders
     @property

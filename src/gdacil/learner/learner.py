@@ -8,30 +8,38 @@ Gaussian statistics, and a head rebuilt from them after every change. Class name
 the learner maps them to internal integer ids, which are never reused.
 
 ``learn`` is a transaction: when it fails, the learner (statistics, head, backbone weights,
-strategy state, anchors) is as it was before the call.
+strategy state, anchors, calibration) is as it was before the call.
+
+Each ``learn`` holds out a share of each class's samples (``calibration_share``) to calibrate
+the model on them (:mod:`gdacil.calibration`): ``predict(..., reject=True)`` then says which
+inputs are of no known class, probabilities are calibrated, and :meth:`Learner.predict_set` gives
+conformal sets (docs/learner.md, "Saying I don't know").
 
 A saved version (:meth:`Learner.save`, see :mod:`gdacil.learner.bundle`) holds:
 
-=========================  ========================================================================
-file                       what
-=========================  ========================================================================
-``learner.json``           format, the full :class:`LearnerConfig`, the classes in the order of
-                           the statistics and the head (name, id, samples), the next free id,
-                           the number of learns, what the backbone was (registry name, config,
-                           modality, dimension, sha256 of its weights), the history
-``statistics/<id>``        dense statistics, one file per class (``<id>.safetensors``, written by
-                           :meth:`gdacil.ClassStatistics.save`), so versions share the files of
-                           unchanged classes; ``statistics.safetensors`` for other storages.
-                           Read when first needed (to learn or forget), not to predict
-``head.safetensors``       the fitted head's state (:meth:`~gdacil.heads.GaussianHead.state_dict`,
-                           with LR-RGDA's eigenpairs), so loading does not refit it (models saved
-                           before FeCAM stored its state have none: refitted on load)
-``backbone.safetensors``   the backbone's weights, when a strategy trains it (or
-                           ``store_backbone``)
-``strategy.safetensors``   the strategy's state between tasks (null-space moments), when it trains
-``anchors.json``           the anchor reservoir: size, samples seen, each anchor's class and text
-                           or image file; image anchors are ``anchors/<sha256>.png``
-=========================  ========================================================================
+===========================  =======================================================================
+file                         what
+===========================  =======================================================================
+``learner.json``             format, the full :class:`LearnerConfig`, the classes in the order of
+                             the statistics and the head (name, id, samples), the next free id,
+                             the number of learns, what the backbone was (registry name, config,
+                             modality, dimension, sha256 of its weights), the history
+``statistics/<id>``          dense statistics, one file per class (``<id>.safetensors``, written by
+                             :meth:`gdacil.ClassStatistics.save`), so versions share the files of
+                             unchanged classes; ``statistics.safetensors`` for other storages.
+                             Read when first needed (to learn or forget), not to predict
+``head.safetensors``         the fitted head's state (:meth:`~gdacil.heads.GaussianHead.state_dict`,
+                             with LR-RGDA's eigenpairs), so loading does not refit it (models saved
+                             before FeCAM stored its state have none: refitted on load)
+``backbone.safetensors``     the backbone's weights, when a strategy trains it (or
+                             ``store_backbone``)
+``strategy.safetensors``     the strategy's state between tasks (null-space moments), when it trains
+``anchors.json``             the anchor reservoir: size, samples seen, each anchor's class and text
+                             or image file; image anchors are ``anchors/<sha256>.png``
+``calibration.safetensors``  the open-set calibration (:class:`~gdacil.calibration.Calibration`'s
+                             state: the held-out records of the latest learn that had enough
+                             samples), when there is one; versions saved before have none
+===========================  =======================================================================
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ import copy as _copy
 import difflib
 import json
 import logging
+import math
 import os
 import time
 import warnings
@@ -53,6 +62,7 @@ import numpy as np
 import torch
 
 from .. import __version__
+from ..calibration import Calibration, calibration_split, held_out_calibration
 from ..cil.config import ConfigError
 from ..cil.model import IncrementalModel, TaskData, backbone_weights, task_seed
 from ..cil.progress import format_duration
@@ -60,7 +70,7 @@ from ..data import extract_features
 from ..io import CorruptFileError
 from ..registry import UnknownNameError
 from ..state import load_state, save_state
-from ..stats import ClassStatistics
+from ..stats import ClassGaussians, ClassStatistics
 from . import bundle
 from .config import LearnerConfig
 from .data import LazySamples, Samples, load_images, load_texts, read_samples
@@ -78,7 +88,9 @@ logger = logging.getLogger(__name__)
 _clock = time.monotonic
 _PLURAL = {"image": "images", "text": "texts"}
 # purposes of the seeds drawn per learn (with gdacil.cil.model.task_seed; 0 trains the backbone)
-_CAP, _RESERVOIR = 101, 102
+_CAP, _RESERVOIR, _CALIBRATION = 101, 102, 103
+#: Most elements of one block of class scores when predicting with a calibration
+_SCORE_BLOCK = 1 << 22
 #: the learner's one compensator track and head, in its IncrementalModel
 _TRACK, _HEAD = "model", "head"
 
@@ -90,22 +102,46 @@ class UnknownClassError(UnknownNameError):
 @dataclass(frozen=True)
 class Prediction:
     """The ``top_k`` classes of one input, best first, with their scores (log-posteriors up to
-    a per-input constant) and probabilities (softmax over all classes; None when not asked)."""
+    a per-input constant) and probabilities (softmax over all classes; those of
+    :meth:`gdacil.calibration.Calibration.calibrated` when the model is calibrated; None when
+    not asked).
+
+    With ``predict(..., reject=True)``: ``novelty``, the input's novelty score (higher: more
+    typical of the known classes), ``threshold``, the score below which an input is rejected,
+    and ``unknown``, whether it was (``novelty < threshold``). With ``predict(...,
+    sets=alpha)``: ``prediction_set``, the input's conformal set of classes, best first.
+    """
 
     classes: tuple[str, ...]
     scores: tuple[float, ...]
     probabilities: tuple[float, ...] | None
+    novelty: float | None = None
+    unknown: bool = False
+    threshold: float | None = None
+    prediction_set: tuple[str, ...] | None = None
 
     @property
     def label(self) -> str:
-        """The predicted class."""
+        """The predicted class (the best known class, also when ``unknown``)."""
         return self.classes[0]
 
     def to_list(self) -> list[dict]:
+        """The ranked classes: ``[{"class", "score", "probability"}, ...]``."""
         if self.probabilities is None:
             return [{"class": c, "score": s} for c, s in zip(self.classes, self.scores)]
         return [{"class": c, "score": s, "probability": p}
                 for c, s, p in zip(self.classes, self.scores, self.probabilities)]
+
+    def to_dict(self) -> dict:
+        """``{"predictions": to_list()}``, with ``"unknown"``, ``"novelty"`` and
+        ``"threshold"`` when rejection was asked, and ``"set"`` when a conformal set was
+        (what ``gdacil predict`` prints per input)."""
+        out: dict = {"predictions": self.to_list()}
+        if self.novelty is not None:
+            out.update(unknown=self.unknown, novelty=self.novelty, threshold=self.threshold)
+        if self.prediction_set is not None:
+            out["set"] = list(self.prediction_set)
+        return out
 
 
 @dataclass(frozen=True)
@@ -200,6 +236,8 @@ class Learner:
         self._history: list[dict] = []
         self._pending: list[dict] = []
         self._origin: tuple[Path, str] | None = None
+        # the held-out records of the latest learn with enough samples (None: not calibrated)
+        self._calibration: Calibration | None = None
 
     @property
     def _stats(self) -> ClassStatistics | None:
@@ -369,7 +407,7 @@ class Learner:
         compensate = trains and bool(old) and self.config.compensator.name != "identity"
         snapshot = self._snapshot() if trains else None
         try:
-            reservoir = self._learn_task(t, samples, load, y, compensate, progress)
+            reservoir, calibration = self._learn_task(t, samples, load, y, compensate, progress)
         except BaseException as exc:
             if snapshot is not None:
                 self._restore(snapshot)
@@ -378,7 +416,7 @@ class Learner:
                                  f"backbone {self.config.backbone!r}: {exc}") from None
             raise
         self._set_statistics(self._stats)
-        self._reservoir = reservoir
+        self._reservoir, self._calibration = reservoir, calibration
         self._ids, self._next_id, self._steps = ids, self._next_id + len(fresh), t + 1
         self._record = {"name": bb.name, "config": _portable(_jsonable(bb.config())),
                         "modality": bb.modality, "dim": bb.dim,
@@ -391,10 +429,12 @@ class Learner:
         return report
 
     def _learn_task(self, t: int, samples: Samples, load, y: torch.Tensor, compensate: bool,
-                    progress: bool) -> AnchorReservoir:
+                    progress: bool) -> tuple[AnchorReservoir, Calibration | None]:
         """Task ``t`` through the model's task step (as the experiment runner takes it); returns
-        the reservoir after it was offered the samples. On failure the model's statistics and
-        head are as they were; the backbone and strategy are :meth:`learn`'s to restore."""
+        the reservoir after it was offered the samples and the calibration (see
+        :meth:`_held_out`), both made inside the task's transaction. On failure the model's
+        statistics and head are as they were; the backbone and strategy are :meth:`learn`'s to
+        restore."""
         cfg, bb = self.config, self.backbone
         raws = self._reservoir.raws() if compensate else []
         if compensate and not raws and not cfg.include_current:
@@ -402,20 +442,47 @@ class Learner:
                              "include_current=True")
         anchors = ([("anchor", i) for i in range(len(raws))]
                    + (list(samples.keys) if compensate and cfg.include_current else []))
-        reservoir = self._reservoir
+        reservoir, calibration = self._reservoir, self._calibration
+        moved: dict[str, ClassStatistics] = {}  # the compensated statistics, merged into next
 
-        def offer(_X) -> None:  # inside the task's transaction: a failure undoes the task
-            nonlocal reservoir
+        def offer(X: torch.Tensor) -> None:  # inside the task's transaction: a failure undoes it
+            nonlocal reservoir, calibration
             if reservoir.size:
                 rng = np.random.default_rng(task_seed(cfg.seed, t, _RESERVOIR))
                 reservoir = reservoir.offered(samples, load, rng, _anchor_side(bb), bb.modality)
+            calibration = self._held_out(t, X, y, moved.get(_TRACK))
 
         self._model.backbone, self._model.strategy = bb, self._strategy
         self._model.learn_task(t, TaskData(
             keys=samples.keys, labels=y, samples=LazySamples(samples.keys, load),
             features=self._task_features(samples, load, raws, progress), anchors=anchors),
+            on_compensated=lambda track, _before, after: moved.__setitem__(track, after),
             finish=offer)
-        return reservoir
+        return reservoir, calibration
+
+    def _held_out(self, t: int, X: torch.Tensor, y: torch.Tensor,
+                  moved: ClassStatistics | None) -> Calibration | None:
+        """The calibration after learn ``t``, called by the task step once the statistics hold
+        the task's samples and the head is refitted on them: fitted on the held-out share of
+        this learn's own samples (``X``, the features the task step extracted, and ``y``),
+        which the head refitted without them scores, joined by the newest records of earlier
+        learns when they are fewer than :data:`~gdacil.calibration.MIN_RECORDS`. The previous calibration when
+        none can be made: calibration disabled, statistics that are not dense (samples cannot
+        be taken out of them exactly), or no class of the learn with 3 samples or more."""
+        cfg = self.config
+        if not cfg.calibration_share or cfg.statistics.storage != "dense":
+            return self._calibration
+        held = calibration_split(y, cfg.calibration_share, task_seed(cfg.seed, t, _CALIBRATION))
+        if not held.numel():
+            return self._calibration
+        # the statistics the head was just refitted on: the compensated ones, those held (merged
+        # in place), or, at the first learn, the task's own
+        stats = moved if moved is not None else self._model.tracks.get(_TRACK)
+        if stats is None:
+            stats = ClassGaussians(X.shape[1], ddof=cfg.ddof).update(X, y)
+        head = self._model.heads[_TRACK][_HEAD]
+        return held_out_calibration(head, stats, X[held], y[held], method=cfg.novelty,
+                                    previous=self._calibration)
 
     def _task_features(self, samples: Samples, load, raws: list, progress: bool):
         """``features(keys)`` of the task's samples (their keys) and the reservoir's anchors
@@ -501,7 +568,8 @@ class Learner:
 
     # ------------------------------------------------------------------ prediction
     def predict(self, inputs, top_k: int = 1, *, probabilities: bool = True,
-                progress: bool = False) -> list[Prediction]:
+                reject: bool = False, reject_rate: float | None = None,
+                sets: float | None = None, progress: bool = False) -> list[Prediction]:
         """The ``top_k`` classes of each input, best first.
 
         ``inputs`` is a sequence of texts (text models) or of image files, PIL images or arrays
@@ -509,31 +577,153 @@ class Learner:
         :class:`Prediction` per input. The head ranks the classes with its ``top_k``, one block
         of classes at a time; ``probabilities=False`` leaves out the probabilities, whose
         normaliser needs every class's score, so that LR-RGDA may rank by its exact pruned
-        scoring (faster from thousands of classes on).
+        scoring (faster from thousands of classes on). A calibrated model (see
+        :attr:`calibration`) gives calibrated probabilities (temperature-scaled,
+        :meth:`gdacil.calibration.Calibration.calibrated`).
+
+        ``reject=True`` also scores how typical each input is of the known classes and calls it
+        ``unknown`` when its novelty score is below :meth:`rejection_threshold` for
+        ``reject_rate`` (default: the config's ``reject_rate``), the target share of inputs of
+        known classes called unknown. ``sets=alpha`` gives each input's conformal set of
+        classes (see :meth:`predict_set`). Both need a calibration: a ``ValueError`` says why
+        the model has none.
         """
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
             raise ValueError(f"top_k must be a positive integer; got {top_k!r}")
+        if not isinstance(reject, bool):
+            raise ValueError(f"reject must be True or False; got {reject!r}")
+        if reject_rate is not None and not reject:
+            raise ValueError("reject_rate applies to predict(..., reject=True) only")
         if self._head is None:
             raise ValueError("the model has learned no classes yet: learn some first")
+        threshold = self.rejection_threshold(reject_rate) if reject else None
+        if sets is not None:
+            _check_share(sets, "sets (the conformal sets' miscoverage alpha)")
+            self._calibrated_for("conformal prediction sets")
         items = [inputs] if _single(inputs) else list(inputs)
         if not items:
             return []
         load = self._loader(lambda keys: [items[int(k)] for k in keys])
         X = self._extract([str(i) for i in range(len(items))], load, progress, what="predict")
         head = self._head
-        found = head.top_k(X, min(top_k, len(self._order)), proba=probabilities)
-        scores, labels = found[0].to(torch.float64).cpu(), found[1].tolist()
-        proba = found[2].to(torch.float64).cpu().tolist() if probabilities else None
-        return [Prediction(tuple(self._names(row)), tuple(s), tuple(proba[i]) if proba else None)
-                for i, (s, row) in enumerate(zip(scores.tolist(), labels))]
+        k = min(top_k, len(self._order))
+        calibration = self._calibration
+        members: list[list[int]] | None = None
+        if calibration is not None and (probabilities or sets is not None):
+            scores, labels, found, members = _calibrated_top_k(head, X, k, calibration,
+                                                               probabilities, sets)
+            proba = found.tolist() if found is not None else None
+        else:
+            top = head.top_k(X, k, proba=probabilities)
+            scores, labels = top[0].to(torch.float64).cpu(), top[1].tolist()
+            proba = top[2].to(torch.float64).cpu().tolist() if probabilities else None
+        novelty = (head.score_samples(X, self.config.novelty).cpu().tolist() if reject
+                   else None)
+        out = []
+        for i, (s, row) in enumerate(zip(scores.tolist(), labels)):
+            extra: dict = {}
+            if novelty is not None:
+                extra.update(novelty=novelty[i], unknown=novelty[i] < cast(float, threshold),
+                             threshold=threshold)
+            if members is not None:
+                extra["prediction_set"] = tuple(self._names(members[i]))
+            out.append(Prediction(tuple(self._names(row)), tuple(s),
+                                  tuple(proba[i]) if proba else None, **extra))
+        return out
+
+    def predict_set(self, inputs, alpha: float = 0.1, *, progress: bool = False) -> list[list[str]]:
+        """The conformal prediction set of each input: the classes whose temperature-scaled
+        probability is at least ``1 - q``, best first, with ``q`` the split-conformal quantile
+        of the calibration's held-out records for miscoverage ``alpha``
+        (:meth:`gdacil.calibration.Calibration.prediction_sets`). For a new input exchangeable
+        with those records (one of the classes of the learn that calibrated the model), its
+        set holds its true class with probability at least ``1 - alpha``. A set may hold
+        several classes (the model hesitates) or every class (too few records for ``alpha``).
+        Needs a calibration, as :meth:`predict` with ``reject=True`` does."""
+        predictions = self.predict(inputs, probabilities=False, sets=alpha, progress=progress)
+        return [list(cast(tuple, p.prediction_set)) for p in predictions]
+
+    @property
+    def calibration(self) -> Calibration | None:
+        """The open-set calibration (:class:`gdacil.calibration.Calibration`): the held-out
+        records of the latest learn that had enough samples (None: not calibrated)."""
+        return self._calibration
+
+    def rejection_threshold(self, rate: float | None = None) -> float:
+        """The novelty score below which ``predict(..., reject=True)`` calls an input unknown,
+        for a target false-rejection rate ``rate`` (default: the config's ``reject_rate``):
+        the ``floor(rate (n + 1))``-th smallest novelty score of the ``n`` held-out records,
+        so that an input of a known class exchangeable with them is rejected with probability
+        at most ``rate``. A ``ValueError`` when the model has no calibration or too few records
+        for ``rate``."""
+        rate = self.config.reject_rate if rate is None else rate
+        _check_share(rate, "reject_rate")
+        calibration = self._calibrated_for("rejection")
+        threshold = calibration.threshold(rate)
+        if threshold == -math.inf:
+            n = need = calibration.n_records
+            while math.floor(rate * (need + 1)) < 1:  # the fewest records that give a threshold
+                need += 1
+            least = math.ceil(1000 / (n + 1)) / 1000  # the least rate (3 decimals) they allow
+            while math.floor(least * (n + 1)) < 1:
+                least += 0.001
+            raise ValueError(
+                f"the model's calibration holds {n} held-out samples, too few for a "
+                f"false-rejection rate of {rate:g} (that takes at least {need}); ask a larger "
+                f"reject_rate (at least {least:.3f}), or learn more samples at once (a share "
+                f"{self.config.calibration_share:g} of each class's samples in a learn is held "
+                "out; the latest learn with enough samples sets the calibration)")
+        return threshold
+
+    def _calibrated_for(self, what: str) -> Calibration:
+        """The calibration, or a ``ValueError`` saying why there is none and what to do."""
+        if self._calibration is not None:
+            return self._calibration
+        cfg = self.config
+        if not cfg.calibration_share:
+            why = "calibration_share is 0, so no learn holds out samples for it"
+            fix = "make a model with calibration_share > 0 (default 0.2)"
+        elif cfg.statistics.storage != "dense":
+            why = (f"its statistics are {cfg.statistics.storage}, from which held-out samples "
+                   "cannot be taken out exactly")
+            fix = "use a model with dense statistics"
+        else:
+            why = ("no learn has calibrated it (a model saved before gdacil calibrated, or "
+                   "every learn had fewer than 3 samples of each class)")
+            fix = (f"learn more samples (a share {cfg.calibration_share:g} of each class's "
+                   "samples in a learn is held out to calibrate it)")
+        raise ValueError(f"{what} needs a calibrated model, and this one has no calibration: "
+                         f"{why}; {fix}, or predict without it")
 
     # ------------------------------------------------------------------ forgetting
     def forget(self, classes: str | Iterable[str]) -> list[str]:
-        """Remove ``classes`` (names): their statistics, their place in the head and their raw
-        anchors. Returns the names removed. A backbone a strategy trained on them is not
-        un-trained, and earlier saved versions keep them (roll back to recover a class).
+        """Remove ``classes`` (names): their statistics, their place in the head, their raw
+        anchors and their names in the history. Returns the names removed.
+
         Names are normalised as labels are (:func:`~gdacil.learner.names.class_name`: NFC,
-        surrounding whitespace stripped, integers as their decimal string)."""
+        surrounding whitespace stripped, integers as their decimal string); an unknown name
+        raises :class:`UnknownClassError` and nothing changes.
+
+        With a backbone that no strategy trains and dense statistics (the default), the model is
+        then the one that learned the same samples less those of the classes, to round-off
+        (each class's statistics come from its own samples alone, and the head is refitted on
+        those of the classes left), and the version :meth:`save` writes next holds nothing of
+        them: no statistics file, no rows of the head (LR-RGDA's eigenpairs included), no
+        anchors, and no name: the history's learn events lose it and the forget event records
+        only how many classes went. What stays: the totals of samples in the history's learn
+        events and the reservoir's count of samples seen (sums over every class); the sources
+        the learns name (a file or folder name); the calibration's records of the other
+        classes, scored by the head that held the classes; with a strategy, the backbone it
+        trained on the classes, its state, and the other classes' statistics as the compensator
+        moved them with anchors that included theirs; with low-rank statistics, the running sum
+        behind ``Sigma_avg``, which keeps each forgotten class's compression error
+        (:mod:`gdacil.stats.lowrank`).
+
+        Earlier saved versions keep the classes: that is what :func:`~gdacil.learner.rollback`
+        brings back. To purge them, delete the folders of the versions saved before the
+        forget (``MODEL/versions/v1`` up to the one before the new version): every version
+        folder is complete on its own (the files it shares with others are hard links), so the
+        current version still loads, and later saves continue from it."""
         from .names import class_name
 
         given = [classes] if isinstance(classes, str) else list(classes)
@@ -562,7 +752,11 @@ class Learner:
         self._head = head
         self._ids = {n: i for n, i in self._ids.items() if i not in drop}
         self._reservoir = self._reservoir.without(names)
-        self._pending.append({"action": "forget", "classes": names})
+        if self._calibration is not None:  # their held-out records go too (None: none left)
+            self._calibration = self._calibration.forget(sorted(drop))
+        self._history = _without_names(self._history, names)
+        self._pending = [*_without_names(self._pending, names),
+                         {"action": "forget", "count": len(names)}]
         return names
 
     def _unknown(self, name: str) -> UnknownClassError:
@@ -590,8 +784,21 @@ class Learner:
             "learns": self._steps,
             "samples": sum(counts.values()),
             "anchors": {"kept": len(self._reservoir), "size": self._reservoir.size},
+            "calibration": self._calibration_info(),
             "classes": counts,
         }
+
+    def _calibration_info(self) -> dict | None:
+        """The calibration's records, temperature and threshold at the config's reject rate
+        (None when its records are too few for that rate), or None without a calibration."""
+        calibration = self._calibration
+        if calibration is None:
+            return None
+        rate = self.config.reject_rate
+        threshold = calibration.threshold(rate)
+        return {"records": calibration.n_records, "temperature": calibration.temperature_,
+                "reject_rate": rate,
+                "threshold": threshold if math.isfinite(threshold) else None}
 
     # ------------------------------------------------------------------ persistence
     def save(self, directory: str | os.PathLike, *, force: bool = False) -> str:
@@ -647,6 +854,9 @@ class Learner:
         if (strategy := self._strategy) is not None:
             writer.write_with("strategy.safetensors",
                               lambda p: save_state(p, strategy.state_dict()))
+        if (calibration := self._calibration) is not None:
+            writer.write_with("calibration.safetensors",
+                              lambda p: save_state(p, calibration.state_dict()))
         if self._reservoir.size:
             writer.write_json("anchors.json", self._reservoir.to_json())
             for relative, png in self._reservoir.files().items():
@@ -763,6 +973,9 @@ class Learner:
                                        "classes than learner.json lists", bundle.ADVICE)
         elif classes:  # a head whose state is not stored (FeCAM): fitted again
             self._head = self.config.build_head().fit(self._loaded_statistics())
+        if opened.has("calibration.safetensors"):  # versions saved before have none
+            self._calibration = _read_calibration(opened.file("calibration.safetensors"),
+                                                  self._order)
         if opened.has("backbone.safetensors"):
             self._weights = load_state(opened.file("backbone.safetensors"))[0]
         if self._strategy is not None and opened.has("strategy.safetensors"):
@@ -775,6 +988,41 @@ class Learner:
                                        bundle.ADVICE) from None
             self._reservoir = AnchorReservoir.from_json(
                 data, lambda rel: _required(opened, rel).read_bytes())
+
+
+def _read_calibration(path: Path, order: list[int]) -> Calibration:
+    """The calibration stored in ``path``, checked to be whole and of the classes ``order``."""
+    def corrupt(problem: str) -> CorruptFileError:
+        return CorruptFileError(path, problem, bundle.ADVICE)
+
+    try:
+        calibration = Calibration().load_state_dict(*load_state(path), source=str(path))
+    except ValueError as exc:
+        raise corrupt(f"not a calibration ({exc})") from None
+    missing = [a for a in Calibration._state_attributes if a not in calibration.__dict__]
+    if missing:
+        raise corrupt(f"lacks the calibration's {', '.join(missing)}")
+    n = calibration.labels_.numel()
+    tensors = (calibration.novelty_, calibration.labels_, calibration.nonconformity_)
+    temperature = calibration.temperature_
+    if (not n or any(t.shape != (n,) for t in tensors)
+            or calibration.scores_.ndim != 2 or calibration.scores_.shape[0] != n
+            or calibration.score_classes_.shape != calibration.scores_.shape
+            or isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+            or not 0 < temperature < math.inf):
+        raise corrupt("holds a calibration whose parts do not fit together")
+    if not set(calibration.labels_.tolist()) <= set(order):
+        raise corrupt("holds calibration records of classes the model does not hold")
+    return calibration
+
+
+def _without_names(events: list[dict], names: list[str]) -> list[dict]:
+    """History ``events`` whose lists of class names (a learn's ``new`` and ``updated``, a
+    forget's ``classes`` in models saved before forgets were anonymous) lack ``names``."""
+    gone = set(names)
+    return [{key: [n for n in value if n not in gone]
+             if key in ("new", "updated", "classes") and isinstance(value, list) else value
+             for key, value in event.items()} for event in events]
 
 
 def _read_statistics(opened: bundle.OpenedVersion, order: list[int]) -> ClassStatistics:
@@ -794,6 +1042,44 @@ def _read_statistics(opened: bundle.OpenedVersion, order: list[int]) -> ClassSta
     rows = {name: torch.cat([tensors[name] for tensors, _ in parts]) for name in parts[0][0]}
     return kind.from_tensors(rows, {k: v for k, v in config.items() if k != "format"},
                              source=str(paths[0].parent))
+
+
+def _check_share(value, name: str) -> float:
+    """``value`` if it is a number strictly between 0 and 1, else a ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ValueError(f"{name} must be a number strictly between 0 and 1; got {value!r}")
+    return float(value)
+
+
+def _calibrated_top_k(head, X: torch.Tensor, k: int, calibration: Calibration,
+                      probabilities: bool, alpha: float | None):
+    """``(scores, labels, probabilities, sets)`` of features ``X`` under a calibrated model:
+    the ``k`` best classes by the head's scores (``scores`` float64 ``(n, k)``, ``labels`` a
+    list of rows of class ids), their calibrated probabilities (float64 ``(n, k)``,
+    when ``probabilities``) and, with ``alpha``, each input's conformal set (class ids, best
+    first). The scores of every class are needed (the normaliser), so they are computed in
+    blocks of inputs that bound the ``(inputs, classes)`` matrix to :data:`_SCORE_BLOCK`
+    elements."""
+    classes = head.classes_
+    n, C = X.shape[0], len(classes)
+    rows = max(1, _SCORE_BLOCK // max(C, 1))
+    scores, where, proba = [], [], []
+    sets: list[list[int]] | None = [] if alpha is not None else None
+    for start in range(0, n, rows):
+        D = head.decision_function(X[start:start + rows]).to(torch.float64).cpu()
+        best, at = D.topk(k, dim=1)
+        scores.append(best)
+        where.append(at)
+        if probabilities:
+            proba.append(calibration.calibrated(D).gather(1, at))
+        if sets is not None:
+            inside = calibration.prediction_sets(D, cast(float, alpha))
+            for i in range(D.shape[0]):
+                members = torch.nonzero(inside[i])[:, 0]
+                ranked = members[D[i, members].argsort(descending=True, stable=True)]
+                sets.append(classes[ranked].tolist())
+    labels = classes[torch.cat(where)].tolist()
+    return (torch.cat(scores), labels, torch.cat(proba) if probabilities else None, sets)
 
 
 def _required(opened: bundle.OpenedVersion, relative: str) -> Path:

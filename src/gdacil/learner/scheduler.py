@@ -16,7 +16,10 @@ are queued as jobs; each forward takes a batch built from the waiting jobs:
 - **deadlines**: a job not finished by its deadline fails with :class:`Expired` and its remaining
   inputs are dropped, so abandoned work does not hold up the others;
 - **one model per job**: a job is answered wholly by the model it was submitted under (a batch
-  only mixes jobs of one model), so a model swapped in mid-job never mixes two versions.
+  only mixes jobs of one model), so a model swapped in mid-job never mixes two versions;
+- **options**: a job's ``options`` (what it asks beyond ``top_k``, e.g. rejection) are passed
+  to ``run``, and a batch only mixes jobs of equal options, so no job gets answers computed
+  for another's.
 
 If a batch fails, each of its jobs is retried alone, so one bad input fails only its own job.
 """
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -47,6 +50,7 @@ class _Job:
     costs: list[float]
     top_k: int
     deadline: float
+    options: tuple = ()  # sorted (name, value) pairs: run's keyword arguments
     future: Future = field(default_factory=Future)
     results: list = field(default_factory=list)
     given: int = 0  # inputs handed to batches so far
@@ -62,7 +66,8 @@ class PredictionScheduler:
     Parameters
     ----------
     run : callable
-        ``run(model, items, top_k)``: the results of ``items`` under ``model``, in order.
+        ``run(model, items, top_k, **options)``: the results of ``items`` under ``model``, in
+        order (``options``: those the jobs were submitted with; none for most).
     max_batch : int
         Most inputs in one call of ``run``.
     max_pending : int
@@ -131,13 +136,16 @@ class PredictionScheduler:
 
     # ------------------------------------------------------------------ jobs
     def submit(self, model, items: list, costs: list[float], *, top_k: int,
-               timeout: float) -> Future:
+               timeout: float, options: Mapping | None = None) -> Future:
         """Queue ``items`` (with their ``costs``) to be scored under ``model``; the future
         resolves to their results, or fails with :class:`Expired` after ``timeout`` seconds.
-        Raises :class:`Busy` when the queue is full or the scheduler is not running."""
+        ``options`` (hashable values) are passed to ``run`` as keyword arguments; the job shares
+        batches only with jobs of equal options. Raises :class:`Busy` when the queue is full or
+        the scheduler is not running."""
         if len(costs) != len(items):
             raise ValueError(f"{len(items)} items but {len(costs)} costs")
-        job = _Job(model, list(items), [float(c) for c in costs], top_k, self.clock() + timeout)
+        job = _Job(model, list(items), [float(c) for c in costs], top_k, self.clock() + timeout,
+                   tuple(sorted((options or {}).items())))
         with self._cond:
             if self._stop or self._thread is None:
                 raise Busy("the server is not running")
@@ -156,8 +164,9 @@ class PredictionScheduler:
         self._drop_expired()
         if not self._jobs:
             return []
-        model = min(self._jobs, key=lambda j: j.left).model
-        ready = sorted((j for j in self._jobs if j.model is model and j.given < len(j.items)),
+        first = min(self._jobs, key=lambda j: j.left)
+        ready = sorted((j for j in self._jobs if j.model is first.model
+                        and j.options == first.options and j.given < len(j.items)),
                        key=lambda j: j.left)
         budget = (self.batch_seconds / self.seconds_per_cost
                   if self.seconds_per_cost else float("inf"))
@@ -199,11 +208,11 @@ class PredictionScheduler:
 
     def _score(self, batch: list[tuple[_Job, int]]) -> None:
         jobs = list({id(j): j for j, _ in batch}.values())
-        model = jobs[0].model
+        model, options = jobs[0].model, dict(jobs[0].options)  # one model and options a batch
         top_k = max(j.top_k for j in jobs)
         started = self.clock()
         try:
-            results = list(self.run(model, [j.items[i] for j, i in batch], top_k))
+            results = list(self.run(model, [j.items[i] for j, i in batch], top_k, **options))
             if len(results) != len(batch):
                 raise RuntimeError(f"{len(results)} results for {len(batch)} inputs")
         except Exception as exc:  # one bad input fails only its own job

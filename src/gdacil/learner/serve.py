@@ -12,7 +12,10 @@ Endpoints (JSON in and out; every error is ``{"error": "<what is wrong>"}`` with
 ``POST /predict``  ``{"inputs": [...], "top_k": 1}``: texts for a text model; base64-encoded image
                    files (or ``data:`` URLs) for an image model. Answers ``{"version": "v3",
                    "predictions": [[{"class", "score", "probability"}, ...], ...]}``, one list per
-                   input, best class first
+                   input, best class first. Optional, on a calibrated model: ``"reject": true``
+                   (and ``"reject_rate"``) adds ``"unknown"`` and ``"novelty"`` (one per input)
+                   and ``"threshold"``; ``"sets": alpha`` adds ``"sets"``, each input's
+                   conformal set of classes
 ``POST /learn``    only with ``allow_learn``: ``{"inputs": [...], "labels": [...]}``. Learns on a
                    copy of the model, saves the copy as a new version, then makes it the one that
                    answers: ``{"version": "v4", "new": [...], "updated": [...], "classes": 41,
@@ -74,11 +77,26 @@ class RequestError(ValueError):
 
 @dataclass(frozen=True)
 class PredictRequest:
-    """A checked ``/predict`` body: decoded inputs, their costs and ``top_k``."""
+    """A checked ``/predict`` body: decoded inputs, their costs, ``top_k``, and what it asks of
+    a calibrated model: ``reject`` (with ``reject_rate``, None: the model's) and ``sets`` (the
+    conformal sets' miscoverage, None: no sets)."""
 
     items: list
     costs: list[float]
     top_k: int
+    reject: bool = False
+    reject_rate: float | None = None
+    sets: float | None = None
+
+    @property
+    def options(self) -> dict:
+        """The keyword arguments of :meth:`gdacil.learner.Learner.predict` beyond ``top_k``."""
+        out: dict = {}
+        if self.reject:
+            out.update(reject=True, reject_rate=self.reject_rate)
+        if self.sets is not None:
+            out["sets"] = self.sets
+        return out
 
 
 class ModelService:
@@ -283,15 +301,31 @@ class ModelService:
         caller's thread, a bounded number at a time)."""
         if not isinstance(payload, dict):
             raise RequestError(400, "the body must be a JSON object")
-        extra = sorted(set(payload) - {"inputs", "top_k"})
+        extra = sorted(set(payload) - _PREDICT_FIELDS)
         if extra:
             raise RequestError(400, f"unknown fields: {', '.join(extra)} (predict takes "
-                                    "'inputs' and 'top_k')")
+                                    f"{', '.join(map(repr, sorted(_PREDICT_FIELDS)))})")
         top_k = payload.get("top_k", 1)
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
             raise RequestError(400, f"'top_k' must be a positive integer; got {top_k!r}")
+        reject = payload.get("reject", False)
+        if not isinstance(reject, bool):
+            raise RequestError(400, f"'reject' must be true or false; got {reject!r}")
+        reject_rate = _share(payload, "reject_rate", "the target false-rejection rate")
+        if reject_rate is not None and not reject:
+            raise RequestError(400, "'reject_rate' applies with \"reject\": true only")
+        sets = _share(payload, "sets", "the conformal sets' miscoverage alpha")
+        learner = self._learner
+        try:  # before any input is decoded or queued: a model without calibration says why
+            if reject:
+                learner.rejection_threshold(reject_rate)
+            if sets is not None:
+                learner._calibrated_for("conformal prediction sets")
+        except ValueError as exc:
+            raise RequestError(400, str(exc)) from None
         items = self._inputs(payload)
-        return PredictRequest(items, self._costs(self._learner, items), top_k)
+        return PredictRequest(items, self._costs(learner, items), top_k, reject, reject_rate,
+                              sets)
 
     def _inputs(self, payload) -> list:
         inputs = payload.get("inputs")
@@ -340,24 +374,34 @@ class ModelService:
         """Queue a prepared request; the future gives ``[(version, Prediction), ...]``."""
         try:
             return self._scheduler.submit(self._learner, request.items, request.costs,
-                                          top_k=request.top_k, timeout=self.timeout)
+                                          top_k=request.top_k, timeout=self.timeout,
+                                          options=request.options)
         except Busy as exc:
             raise RequestError(503, str(exc)) from None
 
-    def _run(self, learner, items: list, top_k: int) -> list:
-        """``[(version, Prediction), ...]`` of ``items``. Texts are scored in groups of similar
-        length (within a factor 2), so a short text is not padded to a long one's length and a
-        forward costs what the scheduler estimated (the sum of its inputs' costs)."""
+    def _run(self, learner, items: list, top_k: int, **options) -> list:
+        """``[(version, Prediction), ...]`` of ``items`` (``options``: the requests' options,
+        :attr:`PredictRequest.options`). Texts are scored in groups of similar length (within a
+        factor 2), so a short text is not padded to a long one's length and a forward costs
+        what the scheduler estimated (the sum of its inputs' costs)."""
         predictions: list = [None] * len(items)
         for group in _similar_costs(self._costs(learner, items)):
-            for i, p in zip(group, learner.predict([items[i] for i in group], top_k=top_k)):
+            for i, p in zip(group, learner.predict([items[i] for i in group], top_k=top_k,
+                                                   **options)):
                 predictions[i] = (learner.version, p)
         return predictions
 
     def answer(self, request: PredictRequest, results: list) -> dict:
         """The ``/predict`` answer of ``request`` from its results."""
-        return {"version": results[0][0],
-                "predictions": [p.to_list()[:request.top_k] for _, p in results]}
+        out = {"version": results[0][0],
+               "predictions": [p.to_list()[:request.top_k] for _, p in results]}
+        if request.reject:
+            out["unknown"] = [p.unknown for _, p in results]
+            out["novelty"] = [p.novelty for _, p in results]
+            out["threshold"] = results[0][1].threshold
+        if request.sets is not None:
+            out["sets"] = [list(p.prediction_set) for _, p in results]
+        return out
 
     def predict(self, payload) -> dict:
         """Answer ``{"inputs": [...], "top_k": k}`` (see the module's documentation)."""
@@ -406,6 +450,22 @@ class ModelService:
                 raise RequestError(400, str(exc)) from None
             self._learner, self._problem, self._failed = learner, None, None
         return {"version": version, **answer}
+
+
+#: The fields of a ``/predict`` body
+_PREDICT_FIELDS = frozenset({"inputs", "top_k", "reject", "reject_rate", "sets"})
+
+
+def _share(payload: dict, name: str, what: str) -> float | None:
+    """Field ``name`` of ``payload``: None when absent, else a number strictly between 0 and
+    1 (``what`` it is, for the message)."""
+    value = payload.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise RequestError(400, f"'{name}' ({what}) must be a number strictly between 0 and 1; "
+                                f"got {value!r}")
+    return float(value)
 
 
 def refusal(exc: BaseException) -> RequestError:

@@ -1,0 +1,321 @@
+"""A learner that can say "I don't know": calibration at learn time, rejection, calibrated
+probabilities and conformal sets (gdacil.learner with gdacil.calibration and gdacil.novelty).
+
+The learners are the tiny random ViT of tests/learner/test_learner.py on noisy single-colour
+images: red, green and blue are learned, yellow and purple play the unknown classes. Every draw
+is seeded, so the rates measured here are fixed numbers, not samples that could flake.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from gdacil.calibration import Calibration, calibration_split, held_out_calibration
+from gdacil.cil.config import ConfigError
+from gdacil.cil.model import task_seed
+from gdacil.io import CorruptFileError
+from gdacil.learner import Learner, LearnerConfig, Prediction
+from gdacil.state import load_state
+
+from _assets import needs_transformers
+from test_learner import colour_images, colour_set, tiny_learner, trained_learner
+
+pytestmark = needs_transformers
+KNOWN, UNKNOWN = ["red", "green", "blue"], ["yellow", "purple"]
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "learner-bundle-v1"
+#: the purpose of the calibration's seed (gdacil.learner.learner._CALIBRATION)
+CALIBRATION_SEED = 103
+
+
+def held_out_count(counts: list[int], share: float = 0.2) -> int:
+    """How many samples a learn holds out (gdacil.calibration.calibration_split)."""
+    return sum(max(0, min(math.floor(share * n), n - 2)) for n in counts)
+
+
+def same_calibration(a: Calibration, b: Calibration) -> bool:
+    ta, ma = a.state_dict()
+    tb, mb = b.state_dict()
+    return ma == mb and ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
+
+
+@pytest.fixture(scope="module")
+def learned() -> Learner:
+    """Red, green and blue, 20 images each (4 of each held out): 12 records."""
+    learner = tiny_learner()
+    learner.learn(*colour_set(KNOWN, 20))
+    return learner
+
+
+@pytest.fixture(scope="module")
+def plenty() -> Learner:
+    """Red, green and blue, 100 images each (20 of each held out): 60 records."""
+    learner = tiny_learner()
+    learner.learn(*colour_set(KNOWN, 100))
+    return learner
+
+
+# ---------------------------------------------------------------------- calibration at learn
+def test_a_learn_calibrates_on_a_held_out_share_of_its_own_samples(learned):
+    X, y = colour_set(KNOWN, 20)
+    calibration = learned.calibration
+    assert calibration is not None and calibration.n_records == held_out_count([20] * 3) == 12
+    assert learned.class_counts() == {"red": 20, "green": 20, "blue": 20}  # all are learned
+    # exactly held_out_calibration on the positions calibration_split draws with the learn's
+    # seed, the features of its one extraction, and the statistics that include them
+    labels = torch.tensor([learned.class_ids()[name] for name in y])
+    held = calibration_split(labels, 0.2, task_seed(0, 0, CALIBRATION_SEED))
+    features = learned._features([X[i] for i in held.tolist()])
+    again = held_out_calibration(learned.head, learned.statistics, features, labels[held])
+    assert torch.equal(calibration.labels_, again.labels_)
+    torch.testing.assert_close(calibration.novelty_, again.novelty_, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(calibration.scores_, again.scores_, rtol=1e-9, atol=1e-6)
+    assert calibration.temperature_ == pytest.approx(again.temperature_, rel=1e-6)
+    info = learned.info()["calibration"]
+    assert info == {"records": 12, "temperature": calibration.temperature_, "reject_rate": 0.05,
+                    "threshold": None}  # 12 records are too few for 5 %
+
+
+@pytest.mark.parametrize("trained", [False, True])
+def test_a_small_learn_joins_its_records_to_the_newest_earlier_ones(trained):
+    learner = trained_learner() if trained else tiny_learner()
+    learner.learn(*colour_set(KNOWN, 10))
+    first = learner.calibration
+    assert first is not None and first.n_records == 6
+    report = learner.learn(*colour_set(UNKNOWN, 15, seed=1))
+    assert report.compensated == trained  # the statistics moved before the merge, if trained
+    second = learner.calibration
+    ids = learner.class_ids()
+    # fewer than MIN_RECORDS of its own: this learn's 6 records follow the earlier 6
+    assert second.n_records == held_out_count([15, 15]) + 6 == 12
+    assert set(second.labels_[6:].tolist()) == {ids["yellow"], ids["purple"]}
+    assert torch.equal(second.novelty_[:6], first.novelty_)
+    assert set(second.score_classes_.flatten().tolist()) <= set(ids.values()) | {-1}
+    # no class with 3 samples: no new calibration, the previous one is kept
+    learner.learn(colour_images("red", 2, seed=2), ["red"] * 2)
+    assert learner.calibration is second and learner.class_counts()["red"] == 12
+
+
+def test_no_calibration_without_a_share_or_with_low_rank_statistics():
+    X, y = colour_set(KNOWN, 10)
+    for settings, why in [({"calibration_share": 0}, "calibration_share is 0"),
+                          ({"statistics": {"storage": "lowrank", "rank": 4},
+                            "head_params": {"rank": 4}},
+                           "its statistics are lowrank")]:
+        learner = tiny_learner(**settings)
+        learner.learn(X, y)
+        assert learner.calibration is None and learner.info()["calibration"] is None
+        for ask in ({"reject": True}, {"sets": 0.1}):
+            with pytest.raises(ValueError, match=f"no calibration: {why}"):
+                learner.predict(X[:2], **ask)
+        with pytest.raises(ValueError, match="needs a calibrated model"):
+            learner.predict_set(X[:2])
+        assert learner.predict(X[:2])[0].novelty is None  # predicting as before
+
+
+def test_a_failing_calibration_fails_the_learn_and_changes_nothing(learned, monkeypatch):
+    from gdacil.learner import learner as module
+
+    learner = learned.copy()
+    test = colour_set(KNOWN, 2, seed=5)[0]
+    before = learner.predict(test, top_k=3, reject=True, reject_rate=0.2)
+    calibration, counts = learner.calibration, learner.class_counts()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("calibration failed")
+
+    monkeypatch.setattr(module, "held_out_calibration", broken)
+    with pytest.raises(RuntimeError, match="calibration failed"):
+        learner.learn(*colour_set(UNKNOWN, 10))
+    assert learner.calibration is calibration and learner.class_counts() == counts
+    assert learner.predict(test, top_k=3, reject=True, reject_rate=0.2) == before
+    monkeypatch.undo()
+    learner.learn(*colour_set(UNKNOWN, 10))  # and it learns once the failure is gone
+    assert learner.calibration.n_records == 12 + 4  # joined by the earlier records
+
+
+def test_settings_are_checked_and_old_configs_load():
+    assert LearnerConfig().calibration_share == 0.2 and LearnerConfig().reject_rate == 0.05
+    old = LearnerConfig().to_dict()
+    for key in ("calibration_share", "reject_rate", "novelty"):
+        del old[key]
+    assert LearnerConfig.from_dict(old) == LearnerConfig()
+    for field, value, message in [
+        ("calibration_share", 1.0, "calibration_share: expected 0 .* strictly between 0 and 1"),
+        ("calibration_share", True, "calibration_share: expected 0"),
+        ("reject_rate", 0, "reject_rate: expected a rate strictly between 0 and 1"),
+        ("novelty", "distance", "novelty: expected null .* shrunk_relative_mahalanobis"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            LearnerConfig(**{field: value})
+    assert LearnerConfig(calibration_share=0, novelty="energy").novelty == "energy"
+
+
+# ---------------------------------------------------------------------- rejection
+def test_unknown_classes_are_rejected_and_known_ones_accepted(learned):
+    known, truth = colour_set(KNOWN, 10, seed=3)
+    unknown = colour_set(UNKNOWN, 10, seed=3)[0]
+    threshold = learned.rejection_threshold(0.2)
+    assert threshold == learned.calibration.threshold(0.2)
+    answers = learned.predict(known + unknown, top_k=2, reject=True, reject_rate=0.2)
+    novelty = learned.head.score_samples(learned._features(known + unknown))
+    for p, score in zip(answers, novelty.tolist()):
+        assert p.threshold == threshold and p.novelty == pytest.approx(score, rel=1e-9, abs=1e-9)
+        assert p.unknown == (p.novelty < threshold)
+        assert p.to_dict() == {"predictions": p.to_list(), "unknown": p.unknown,
+                               "novelty": p.novelty, "threshold": threshold}
+    assert sum(p.unknown for p in answers[:30]) <= 3  # of 30 known inputs
+    assert sum(p.unknown for p in answers[30:]) >= 18  # of 20 inputs of unlearned classes
+    assert sum(p.label == t for p, t in zip(answers, truth)) >= 29  # ranking as before
+    # the positional construction and the list of before still hold
+    old = Prediction(("red",), (1.0,), (0.5,))
+    assert (old.novelty, old.unknown, old.to_list()) == (None, False,
+                                                         [{"class": "red", "score": 1.0,
+                                                           "probability": 0.5}])
+    assert old.to_dict() == {"predictions": old.to_list()}
+
+
+def test_the_false_rejection_rate_of_known_inputs_is_near_its_target(plenty):
+    """With 60 records, the threshold for rate r is their floor(61 r)-th smallest score: fresh
+    known inputs fall below it at about r (a Beta(61 r, 61 (1 - r)) share of them)."""
+    fresh = colour_set(KNOWN, 100, seed=7)[0]
+    answers = plenty.predict(fresh, reject=True, reject_rate=0.1)
+    novelty = torch.tensor([p.novelty for p in answers])
+    for rate in (0.05, 0.1, 0.2, 0.3):
+        measured = float((novelty < plenty.rejection_threshold(rate)).double().mean())
+        assert abs(measured - rate) <= 0.1, (rate, measured)
+    assert sum(p.unknown for p in answers) == int((novelty < plenty.rejection_threshold(0.1)).sum())
+    unknown = plenty.predict(colour_set(UNKNOWN, 30, seed=7)[0], reject=True)
+    assert sum(p.unknown for p in unknown) >= 54  # of 60, at the default rate of 0.05
+
+
+def test_rejection_errors_say_why_and_what_to_do(learned):
+    x = colour_images("red", 1, seed=9)
+    with pytest.raises(ValueError, match=r"holds 12 held-out samples, too few for a "
+                                         r"false-rejection rate of 0.05 \(that takes at least "
+                                         r"19\); ask a larger reject_rate \(at least 0.077\)"):
+        learned.predict(x, reject=True)
+    assert learned.predict(x, reject=True, reject_rate=0.077)[0].threshold is not None
+    for kwargs, message in [({"reject_rate": 0.1}, "reject_rate applies to predict"),
+                            ({"reject": True, "reject_rate": 1.5}, "reject_rate must be a number"),
+                            ({"reject": 1}, "reject must be True or False"),
+                            ({"sets": 0}, "sets .* strictly between 0 and 1")]:
+        with pytest.raises(ValueError, match=message):
+            learned.predict(x, **kwargs)
+
+
+# ---------------------------------------------------------------------- probabilities, sets
+def test_probabilities_are_temperature_scaled_and_rank_as_before():
+    X, y = colour_set(KNOWN, 20)
+    # a quarter of the red images labelled green: the records' labels are uncertain, so the
+    # temperature lies inside its search range (perfectly separated records push it to the
+    # bottom of the range, exp(-6))
+    y = ["green" if name == "red" and i % 4 == 0 else name for i, name in enumerate(y)]
+    learner, plain = tiny_learner(), tiny_learner(calibration_share=0)
+    learner.learn(X, y)
+    plain.learn(X, y)  # the same statistics and head, no calibration
+    temperature = learner.calibration.temperature_
+    assert math.exp(-5) < temperature < math.exp(5) and temperature != pytest.approx(1.0)
+    test = colour_set(KNOWN, 4, seed=8)[0]
+    calibrated, raw = learner.predict(test, top_k=3), plain.predict(test, top_k=3)
+    assert [p.classes for p in calibrated] == [p.classes for p in raw]
+    torch.testing.assert_close(torch.tensor([p.scores for p in calibrated], dtype=torch.float64),
+                               torch.tensor([p.scores for p in raw], dtype=torch.float64),
+                               rtol=1e-12, atol=1e-9)
+    scores = learner.head.decision_function(learner._features(test)).double()
+    want = learner.calibration.calibrated(scores).sort(dim=1, descending=True).values
+    torch.testing.assert_close(torch.tensor([p.probabilities for p in calibrated],
+                                            dtype=torch.float64), want, rtol=1e-9, atol=1e-12)
+    assert not torch.allclose(want, torch.softmax(scores, 1).sort(dim=1, descending=True).values)
+    torch.testing.assert_close(torch.tensor([p.probabilities for p in raw], dtype=torch.float64),
+                               torch.softmax(scores, 1).sort(dim=1, descending=True).values,
+                               rtol=1e-9, atol=1e-12)
+    assert all(abs(sum(p.probabilities) - 1) < 1e-9 for p in calibrated)
+    without = learner.predict(test, top_k=2, probabilities=False)
+    assert [p.classes for p in without] == [p.classes[:2] for p in calibrated]
+    assert all(p.probabilities is None for p in without)
+
+
+def test_conformal_sets_cover_known_inputs(plenty):
+    fresh, truth = colour_set(KNOWN, 30, seed=11)
+    sets = plenty.predict_set(fresh, alpha=0.1)
+    assert sum(t in s for s, t in zip(sets, truth)) >= 0.85 * len(truth)
+    answers = plenty.predict(fresh, top_k=2, sets=0.1)
+    assert [list(p.prediction_set) for p in answers] == sets
+    for p in answers:  # ranked by score, the set's classes best first
+        assert p.to_dict()["set"] == list(p.prediction_set)
+        assert not p.prediction_set or p.prediction_set[0] == p.label
+    scores = plenty.head.decision_function(plenty._features(fresh[:5]))
+    inside = plenty.calibration.prediction_sets(scores, 0.1)
+    names = plenty.classes
+    assert [sorted(s) for s in sets[:5]] == [sorted(names[j] for j in torch.nonzero(row)[:, 0])
+                                             for row in inside]
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        plenty.predict_set(fresh[:1], alpha=1.0)
+
+
+# ---------------------------------------------------------------------- bundles, forgetting
+def test_save_and_load_keep_the_calibration_bit_for_bit(learned, tmp_path):
+    test = colour_set(KNOWN + UNKNOWN, 2, seed=12)[0]
+    before = learned.predict(test, top_k=2, reject=True, reject_rate=0.2, sets=0.2)
+    learner = learned.copy()
+    learner.save(tmp_path / "model")
+    stored = tmp_path / "model" / "versions" / "v1" / "calibration.safetensors"
+    assert stored.is_file()
+    assert same_calibration(Calibration().load_state_dict(*load_state(stored)),
+                            learned.calibration)
+    loaded = Learner.load(tmp_path / "model")
+    assert same_calibration(loaded.calibration, learned.calibration)
+    assert loaded.predict(test, top_k=2, reject=True, reject_rate=0.2, sets=0.2) == before
+    assert loaded.info() == learner.info()
+    # a calibration of classes the model does not hold is refused, naming the file
+    other = tiny_learner()
+    other.learn(*colour_set(UNKNOWN, 10))
+    other.learn(*colour_set(KNOWN, 10))  # its ids 2, 3, 4 are classes the model lacks
+    from gdacil.learner.learner import _read_calibration
+
+    assert _read_calibration(stored, [0, 1, 2]) is not None
+    other.save(tmp_path / "other")
+    with pytest.raises(CorruptFileError, match="records of classes the model does not hold"):
+        _read_calibration(tmp_path / "other" / "versions" / "v1" / "calibration.safetensors",
+                          [0, 1])
+
+
+def test_forgetting_drops_the_classes_records(learned, tmp_path):
+    learner = learned.copy()
+    ids = learner.class_ids()
+    learner.forget("green")
+    calibration = learner.calibration
+    assert calibration.n_records == 8 and ids["green"] not in calibration.labels_.tolist()
+    kept = calibration.score_classes_ == ids["green"]
+    assert bool(torch.isneginf(calibration.scores_[kept]).all())  # its scores are gone too
+    learner.save(tmp_path / "model")
+    assert Learner.load(tmp_path / "model").calibration.n_records == 8
+    # forgetting every class of the records leaves no calibration
+    learner.forget(["red", "blue"])
+    assert learner.calibration is None and learner.classes == []
+    learner.save(tmp_path / "model")
+    assert not (tmp_path / "model" / "versions" / "v2" / "calibration.safetensors").exists()
+    assert Learner.load(tmp_path / "model").calibration is None
+
+
+def test_a_model_saved_before_calibration_loads_and_says_it_has_none(tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(FIXTURE / "model", model)
+    learner = Learner.load(model)
+    assert learner.calibration is None and learner.info()["calibration"] is None
+    assert learner.config.calibration_share == 0.2  # the defaults of the new settings
+    image = sorted((FIXTURE / "inputs").glob("*.png"))[0]
+    with pytest.raises(ValueError, match=r"rejection needs a calibrated model, and this one has "
+                                         r"no calibration: no learn has calibrated it \(a model "
+                                         r"saved before gdacil calibrated"):
+        learner.predict([image], reject=True)
+    assert learner.predict([image])[0].novelty is None
+    learner.learn(*colour_set(["purple"], 10, seed=3))  # its next learn calibrates it
+    assert learner.calibration.n_records == 2
+    assert learner.save(model) == "v3"
+    assert Learner.load(model).calibration.n_records == 2
