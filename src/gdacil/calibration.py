@@ -19,10 +19,11 @@ labels and class scores). No sample of an earlier task is kept or needed.
   best class is always in it.
 
 The guarantees hold for inputs exchangeable with the records, i.e. of the task's classes; for the
-classes of earlier tasks they hold as far as tasks resemble each other. A task's records may
-join the newest records of earlier tasks (``previous``, up to :data:`MAX_RECORDS`): more records
-make the quantiles and the temperature less noisy, while the earlier records were scored by the
-head of their own time. Records keep each
+classes of earlier tasks they hold as far as tasks resemble each other. A task with fewer than
+:data:`MIN_RECORDS` records is joined by the newest records of earlier tasks (``previous``, up
+to that many): fewer records would make the quantiles and the temperature noisy, but earlier
+records were scored by the head of their own time, against fewer classes, so they are too
+confident for the current head and only fill in for small tasks. Records keep each
 sample's label, novelty score and its ``top`` best class scores (with the true class's): a class
 is forgotten by dropping its records and its scores (:meth:`Calibration.forget`).
 
@@ -53,21 +54,29 @@ from .state import Stateful
 __all__ = [
     "MAX_RECORDS",
     "MIN_RECORDS",
+    "TOP_LABEL_PRIOR",
     "Calibration",
+    "calibration_split",
     "conformal_quantile",
     "expected_calibration_error",
     "fit_temperature",
     "fit_top_label",
+    "held_out_calibration",
     "lower_quantile",
     "top_label_probabilities",
+    "without_samples",
 ]
 
 #: Class scores kept per record (the best ones, plus the true class's)
 TOP = 64
 #: Records kept: the newest, those of the latest task first (about 1 KB each)
 MAX_RECORDS = 2000
-#: Fewer held-out records than this in a task: the newest of earlier tasks join them
-MIN_RECORDS = 500
+#: Weight of the pull of the top-label map towards the identity, in records
+TOP_LABEL_PRIOR = 10.0
+#: Fewer held-out records than this in a task: the newest of earlier tasks join them (up to
+#: this many). Earlier records were scored against fewer classes, so they are overconfident for
+#: the current head; they are a fallback for small tasks only
+MIN_RECORDS = 100
 
 
 def lower_quantile(values: torch.Tensor, rate: float) -> float:
@@ -126,20 +135,21 @@ def fit_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
     return math.exp((lo + hi) / 2.0)
 
 
-def fit_top_label(confidence: torch.Tensor, correct: torch.Tensor) -> tuple[float, float]:
+def fit_top_label(confidence: torch.Tensor, correct: torch.Tensor,
+                  prior: float = TOP_LABEL_PRIOR) -> tuple[float, float]:
     """``(a, b)`` of the logistic map ``sigmoid(a logit(p) + b)`` from top-class probabilities
-    ``p`` to the chance that the top class is right [TopLabel] (Newton's method on the
-    log-likelihood, a 1e-6 ridge; ``(1, 0)``, the identity, when every record agrees)."""
+    ``p`` to the chance that the top class is right [TopLabel]: the maximum of the records'
+    log-likelihood less ``prior / 2 ((a - 1)^2 + b^2)``, a pull towards the identity map that a
+    few records (or records all right) cannot overturn (Newton's method)."""
     p = confidence.to(torch.float64).clamp(1e-12, 1.0 - 1e-12)
     z = torch.stack([torch.logit(p), torch.ones_like(p)], 1)
     t = correct.to(torch.float64)
-    if bool((t == t[0]).all()):
-        return 1.0, 0.0
-    w = torch.tensor([1.0, 0.0], dtype=torch.float64)
-    for _ in range(50):
+    identity = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    w = identity.clone()
+    for _ in range(100):
         q = torch.sigmoid(z @ w)
-        grad = z.T @ (q - t) + 1e-6 * w
-        hess = (z.T * (q * (1.0 - q))) @ z + 1e-6 * torch.eye(2, dtype=torch.float64)
+        grad = z.T @ (q - t) + prior * (w - identity)
+        hess = (z.T * (q * (1.0 - q))) @ z + prior * torch.eye(2, dtype=torch.float64)
         step = torch.linalg.solve(hess, grad)
         w = w - step
         if float(step.abs().max()) < 1e-10:

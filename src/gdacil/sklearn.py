@@ -658,7 +658,20 @@ class _GaussianClassifier(ClassifierMixin, BaseEstimator):
         learned so far (as scikit-learn's novelty detectors score). ``method`` names one of
         :data:`gdacil.novelty.NOVELTY_SCORES` (the Gaussian heads' default:
         ``"shrunk_relative_mahalanobis"``; RanPAC, ACIL and RBF-LDA offer ``"msp"``, their
-        default, and ``"energy"``). See :mod:`gdacil.novelty`."""
+        default, and ``"energy"``). See :mod:`gdacil.novelty`.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from gdacil.sklearn import LDAClassifier
+        >>> rng = np.random.default_rng(0)
+        >>> y = np.repeat(["cat", "dog"], 100)
+        >>> X = rng.normal(size=(200, 4)) + 3.0 * np.eye(2, 4)[np.repeat([0, 1], 100)]
+        >>> clf = LDAClassifier().fit(X, y)
+        >>> typical, odd = clf.score_samples(np.array([[3.0, 0, 0, 0], [0, 0, 9.0, 9.0]]))
+        >>> bool(typical > odd)
+        True
+        """
         X = self._validate_for_prediction(X)
         return self.head_.score_samples(X, method).cpu().numpy()
 
