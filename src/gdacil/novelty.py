@@ -129,23 +129,13 @@ class ClassNovelty:
     def fit(self, stats: ClassStatistics, *, dtype: torch.dtype = torch.float64,
             device=None) -> ClassNovelty:
         """Fit from ``stats`` (float64 arithmetic; the fitted tensors in ``dtype``)."""
-        return self.fit_moments(stats.means, stats.counts, stats.average_covariance(),
-                                dtype=dtype, device=device)
-
-    def fit_moments(self, means: torch.Tensor, counts: torch.Tensor,
-                    average_covariance: torch.Tensor, *, dtype: torch.dtype = torch.float64,
-                    device=None) -> ClassNovelty:
-        """Fit from the class means ``(C, d)``, counts ``(C,)`` and ``Sigma_avg`` ``(d, d)``."""
-        from types import SimpleNamespace
-
         from .heads.rgda import identity_scale  # the heads build on this module
 
-        mu = means.to(device=device, dtype=torch.float64)
-        counts = counts.to(device=device, dtype=torch.float64)
+        mu = stats.means.to(device=device, dtype=torch.float64)
+        counts = stats.counts.to(device=device, dtype=torch.float64)
         C, d = mu.shape
-        avg = average_covariance.to(device=device, dtype=torch.float64)
-        # identity_scale reads only the class means of the statistics it is given
-        unit = identity_scale(SimpleNamespace(means=mu), avg, "samples", (C, float(counts.sum())))
+        avg = stats.average_covariance().to(device=device, dtype=torch.float64)
+        unit = identity_scale(stats, avg, "samples", (C, float(counts.sum())))
         eye = torch.eye(d, dtype=torch.float64, device=mu.device)
         a2, a3 = BASE_ALPHAS
         L = psd_cholesky(a2 * avg + (a3 * unit) * eye, name="novelty covariance")
