@@ -96,7 +96,8 @@ def conformal_quantile(nonconformity: torch.Tensor, alpha: float) -> float:
 
 def expected_calibration_error(proba: torch.Tensor, labels: torch.Tensor, bins: int = 15) -> float:
     """ECE of the top-class confidence: the mean over equal-width confidence bins, weighted by
-    their share of samples, of ``|accuracy - confidence|``."""
+    their share of samples, of ``|accuracy - confidence|``. ``labels`` are column positions of
+    ``proba`` (not class labels)."""
     confidence, predicted = proba.max(1)
     correct = (predicted == labels.to(predicted.device)).double()
     which = (confidence.double() * bins).clamp(max=bins - 1).long()

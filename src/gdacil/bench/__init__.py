@@ -21,6 +21,7 @@ BENCHMARKS = {
     "pipeline": "gdacil.bench.pipeline",
     "serve": "gdacil.bench.serve",
     "sharded": "gdacil.bench.sharded",
+    "openset": "gdacil.bench.openset",
 }
 
 
