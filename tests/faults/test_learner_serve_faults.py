@@ -9,7 +9,6 @@ import json
 import re
 import shlex
 import subprocess
-import sys
 import unicodedata
 import urllib.error
 import urllib.request
@@ -25,10 +24,10 @@ from test_learner_serve import (
     assert_same,
     call,
     colour_model,
-    free_port,
     png_base64,
     queries,
     running,
+    start_readme_server,
     wait_for,
     wait_until_serving,
 )
@@ -368,17 +367,12 @@ def test_the_readme_curl_lines_work_against_a_live_server(tmp_path, monkeypatch)
     learner = Learner("minilm")
     learner.learn(*zip(*TICKETS))
     learner.save("tickets-model")
-    port = str(free_port())
-    argv = [sys.executable, "-m", "gdacil", *shlex.split(serve_line)[1:]]
-    argv[argv.index("--port") + 1] = port
-    server = subprocess.Popen([*argv, "--log-level", "warning"], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
+    server, url = start_readme_server(serve_line)
     try:
         wait_until_serving(server, url)
         answers = []
         for line in curls:
-            command = shlex.split(line.replace("localhost:8000", f"127.0.0.1:{port}"))
+            command = shlex.split(line.replace("localhost:8000", url.removeprefix("http://")))
             done = subprocess.run(command, capture_output=True, text=True, timeout=120)
             assert done.returncode == 0, done.stderr
             answers.append(json.loads(done.stdout))

@@ -400,6 +400,19 @@ def wait_until_serving(process: subprocess.Popen, url: str) -> None:
     wait_for(up, seconds=120)
 
 
+def start_readme_server(serve_line: str) -> tuple[subprocess.Popen, str]:
+    """``gdacil serve`` as the README's ``serve_line`` starts it, on a free port: the process
+    and its URL."""
+    import shlex
+
+    port = str(free_port())
+    argv = [sys.executable, "-m", "gdacil", *shlex.split(serve_line)[1:]]
+    argv[argv.index("--port") + 1] = port
+    server = subprocess.Popen([*argv, "--log-level", "warning"], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    return server, f"http://127.0.0.1:{port}"
+
+
 def test_gdacil_serve_command(model_dir):
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "gdacil", "serve", str(model_dir),
@@ -527,15 +540,10 @@ def test_the_readme_rejection_example_works_against_a_live_server(tmp_path, monk
     learner.learn(*many_tickets())
     learner.save("tickets-model")
     assert learner.calibration.n_records == 24  # enough for the default rate of 5 %
-    port = str(free_port())
-    argv = [sys.executable, "-m", "gdacil", *shlex.split(serve_line)[1:]]
-    argv[argv.index("--port") + 1] = port
-    server = subprocess.Popen([*argv, "--log-level", "warning"], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
+    server, url = start_readme_server(serve_line)
     try:
         wait_until_serving(server, url)
-        command = shlex.split(curl.replace("localhost:8000", f"127.0.0.1:{port}"))
+        command = shlex.split(curl.replace("localhost:8000", url.removeprefix("http://")))
         done = subprocess.run(command, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         answer = json.loads(done.stdout)
