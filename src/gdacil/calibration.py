@@ -199,7 +199,8 @@ class Calibration(Stateful):
         labels = torch.as_tensor(labels, dtype=torch.int64).reshape(-1)
         classes = torch.as_tensor(classes, dtype=torch.int64).reshape(-1)
         scores = scores.to(torch.float64).cpu()
-        if not (novelty.numel() == labels.numel() == scores.shape[0]) or scores.shape[1] != len(classes):
+        same = novelty.numel() == labels.numel() == scores.shape[0]
+        if not same or scores.shape[1] != len(classes):
             raise ValueError("calibration records: novelty, labels and scores must describe the "
                              "same samples, and scores have one column per class")
         if not labels.numel():
@@ -339,8 +340,8 @@ def without_samples(stats, X: torch.Tensor, y: torch.Tensor):
     scatter = (stats.scatters[pos] - part.scatters
                - (left * m / n)[:, None, None] * gap[:, :, None] * gap[:, None, :])
     denom = (left - stats.ddof).clamp_min(1.0)
-    covs = torch.where((left > stats.ddof)[:, None, None], symmetrize(scatter) / denom[:, None, None],
-                       torch.zeros_like(scatter))
+    covs = torch.where((left > stats.ddof)[:, None, None],
+                       symmetrize(scatter) / denom[:, None, None], torch.zeros_like(scatter))
     return stats.copy().remove_classes(labels).add_classes(labels, mean_r, covs, left)
 
 

@@ -68,7 +68,8 @@ import torch
 from .stats import ClassStatistics
 from .stats.linalg import psd_cholesky
 
-__all__ = ["BACKGROUND_WEIGHT", "DEFAULT_SCORE", "DISTANCE_SCORES", "LOGIT_SCORES", "NOVELTY_SCORES",
+__all__ = ["BACKGROUND_WEIGHT", "DEFAULT_SCORE", "DISTANCE_SCORES", "LOGIT_SCORES",
+           "NOVELTY_SCORES",
            "ClassNovelty", "check_method", "logit_score"]
 
 #: Scores computed from the class statistics' distances (:class:`ClassNovelty`)

@@ -212,7 +212,8 @@ def _gdacil_part(X: torch.Tensor, y: np.ndarray, sp: OpenSetSplit, seed: int,
     column = {c: j for j, c in enumerate(head.classes_.tolist())}
     cols = torch.tensor([column[c] for c in yk.tolist()], dtype=torch.int64)
     correct = logits.argmax(1) == cols
-    default_known, default_unknown = scores[DEFAULT_SCORE]["known"], scores[DEFAULT_SCORE]["unknown"]
+    default_known = scores[DEFAULT_SCORE]["known"]
+    default_unknown = scores[DEFAULT_SCORE]["unknown"]
     threshold = cal.threshold(TARGET_RATE)
     rejected = default_known < threshold
     last = torch.from_numpy(np.isin(y[sp.known_test], sp.tasks[-1]))
@@ -276,7 +277,8 @@ def _stored(path: Path | None, part: str, config: str, measure: Callable[[], dic
 
 
 def run_seed(X: torch.Tensor, y: np.ndarray, *, n_tasks: int, test_fraction: float, seed: int,
-             anchors: dict[str, Anchor] | None = None, head_factory: Callable[[], Any] | None = None,
+             anchors: dict[str, Anchor] | None = None,
+             head_factory: Callable[[], Any] | None = None,
              store: str | os.PathLike | None = None) -> dict:
     """Every measurement of one seed on features ``X`` ``(n, d)`` with labels ``y``.
 
@@ -322,7 +324,8 @@ def _mean(results: list) -> Any:
 
 
 def evaluate_cell(X: torch.Tensor, y: np.ndarray, *, features: str, scaling: str, n_tasks: int,
-                  test_fraction: float, seeds: Sequence[int], anchors: dict[str, Anchor] | None = None,
+                  test_fraction: float, seeds: Sequence[int],
+                  anchors: dict[str, Anchor] | None = None,
                   head_factory: Callable[[], Any] | None = None,
                   runs_dir: str | os.PathLike | None = None, log=print) -> dict:
     """One (feature set, scaling) cell: :func:`run_seed` per seed and the means over seeds."""
@@ -460,7 +463,8 @@ def render(payload: dict) -> str:
              f"{c['conformal']['coverage']:.2f}", f"{c['conformal']['coverage_last_task']:.2f}",
              f"{c['conformal']['coverage_earlier_tasks']:.2f}",
              f"{c['conformal']['set_size']:.2f}"] for c in payload["cells"]]
-    lines += [f"## Split-conformal sets, alpha = {ALPHA} (target coverage {100 * (1 - ALPHA):.0f}%)",
+    target = 100 * (1 - ALPHA)
+    lines += [f"## Split-conformal sets, alpha = {ALPHA} (target coverage {target:.0f}%)",
               "", "Coverage of the true class on the known test inputs (all; last task's classes; "
               "earlier tasks' classes) and the mean set size.", "",
               markdown_table(["features", "scaling", "alpha", "coverage", "last task",
@@ -490,7 +494,8 @@ def main(argv=None) -> int:
     parser.add_argument("--scalings", nargs="+", default=list(SCALINGS), choices=SCALINGS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--skip-anchors", action="store_true",
-                        help="leave out RanPAC (M = 10000: minutes per cell on few cores) and FeCAM")
+                        help="leave out RanPAC (M = 10000: minutes per cell on few cores) and "
+                             "FeCAM")
     output_arguments(parser, "openset",
                      "openset.{json,md} and openset_runs/ (measured seeds, kept and reused)")
     parser.add_argument("--threads", type=int, default=1,

@@ -37,8 +37,8 @@ file                         what
 ``anchors.json``             the anchor reservoir: size, samples seen, each anchor's class and text
                              or image file; image anchors are ``anchors/<sha256>.png``
 ``calibration.safetensors``  the open-set calibration (:class:`~gdacil.calibration.Calibration`'s
-                             state: the held-out records of the latest learn that had enough
-                             samples), when there is one; versions saved before have none
+                             state: the records of held-out samples of the latest learns), when
+                             there is one; versions saved before have none
 ===========================  =======================================================================
 """
 
@@ -253,7 +253,7 @@ class Learner:
         self._history: list[dict] = []
         self._pending: list[dict] = []
         self._origin: tuple[Path, str] | None = None
-        # the held-out records of the latest learn with enough samples (None: not calibrated)
+        # the records of the latest learns' held-out samples (None: not calibrated)
         self._calibration: Calibration | None = None
 
     @property
@@ -483,9 +483,10 @@ class Learner:
         the task's samples and the head is refitted on them: fitted on the held-out share of
         this learn's own samples (``X``, the features the task step extracted, and ``y``),
         which the head refitted without them scores, joined by the newest records of earlier
-        learns when they are fewer than :data:`~gdacil.calibration.MIN_RECORDS`. The previous calibration when
-        none can be made: calibration disabled, statistics that are not dense (samples cannot
-        be taken out of them exactly), or no class of the learn with 3 samples or more."""
+        learns when they are fewer than :data:`~gdacil.calibration.MIN_RECORDS`. The previous
+        calibration when none can be made: calibration disabled, statistics that are not dense
+        (samples cannot be taken out of them exactly), or no class of the learn with 3 samples
+        or more."""
         cfg = self.config
         if not cfg.calibration_share or cfg.statistics.storage != "dense":
             return self._calibration
@@ -662,8 +663,8 @@ class Learner:
 
     @property
     def calibration(self) -> Calibration | None:
-        """The open-set calibration (:class:`gdacil.calibration.Calibration`): the held-out
-        records of the latest learn that had enough samples (None: not calibrated)."""
+        """The open-set calibration (:class:`gdacil.calibration.Calibration`): the records of
+        the latest learns' held-out samples (None: not calibrated)."""
         return self._calibration
 
     def rejection_threshold(self, rate: float | None = None) -> float:
