@@ -320,7 +320,8 @@ def calibration_split(labels: torch.Tensor, share: float, seed: int) -> torch.Te
 def without_samples(stats, X: torch.Tensor, y: torch.Tensor):
     """A copy of dense statistics ``stats`` without the samples ``X``, ``y`` they include (the
     exact inverse of :meth:`~gdacil.ClassGaussians.update`, by Chan's merge formula solved for
-    one part). Every class must keep at least one sample."""
+    one part). Every class must keep at least one sample; the classes of ``y`` move to the end
+    of the class order."""
     from .stats import ClassGaussians
     from .stats.linalg import symmetrize
 
