@@ -131,15 +131,18 @@ class ClassNovelty:
     raw_center_: torch.Tensor
     directions_: torch.Tensor
 
-    def fit(self, stats: ClassStatistics, *, dtype: torch.dtype = torch.float64,
-            device=None) -> ClassNovelty:
-        """Fit from ``stats`` (float64 arithmetic; the fitted tensors in ``dtype``)."""
+    def fit(self, stats: ClassStatistics, *, average_covariance: torch.Tensor | None = None,
+            dtype: torch.dtype = torch.float64, device=None) -> ClassNovelty:
+        """Fit from ``stats`` (float64 arithmetic; the fitted tensors in ``dtype``);
+        ``average_covariance``: their ``Sigma_avg``, when the caller has it already."""
         from .heads.rgda import identity_scale  # the heads build on this module
 
         mu = stats.means.to(device=device, dtype=torch.float64)
         counts = stats.counts.to(device=device, dtype=torch.float64)
         C, d = mu.shape
-        avg = stats.average_covariance().to(device=device, dtype=torch.float64)
+        if average_covariance is None:
+            average_covariance = stats.average_covariance()
+        avg = average_covariance.to(device=device, dtype=torch.float64)
         unit = identity_scale(stats, avg, "samples", (C, float(counts.sum())))
         eye = torch.eye(d, dtype=torch.float64, device=mu.device)
         a2, a3 = BASE_ALPHAS

@@ -247,18 +247,24 @@ class GaussianHead(Params, Presets, Stateful, ABC):
         self.classes_ = torch.tensor(stats.classes, dtype=torch.int64)
         self.n_features_in_ = stats.dim
         self._model_terms = model_terms
+        self._fit_average: torch.Tensor | None = None  # Sigma_avg, at most once per fit
         try:
             log_priors = self._log_priors(stats)
             rows, bias, sign, *fitted = self._build(stats, log_priors)
+            novelty = None
+            if model_terms is None:  # a shard's classes alone do not describe the whole model
+                novelty = ClassNovelty().fit(
+                    stats, average_covariance=self._average_covariance(stats),
+                    dtype=torch.float64 if self.dtype_ == torch.float64 else torch.float32,
+                    device=self.device_)
         finally:
-            del self._model_terms
+            del self._model_terms, self._fit_average
         self.rows_, self.bias_ = checked_parameters(self, self.dtype_, self.device_, rows, bias)
         self.sign_ = float(sign)
         for name, value in (fitted[0] if fitted else {}).items():
             setattr(self, name, value)
-        if model_terms is None:  # a shard's classes alone do not describe the whole model
-            novelty_dtype = torch.float64 if self.dtype_ == torch.float64 else torch.float32
-            ClassNovelty().fit(stats, dtype=novelty_dtype, device=self.device_).store(self)
+        if novelty is not None:
+            novelty.store(self)
         return self
 
     def _check_params(self) -> None:
@@ -286,7 +292,14 @@ class GaussianHead(Params, Presets, Stateful, ABC):
         """``Sigma_avg`` of the model being fitted: of ``model_terms`` when given, else of
         ``stats``."""
         terms = getattr(self, "_model_terms", None)
-        return stats.average_covariance() if terms is None else terms.average_covariance
+        if terms is not None:
+            return terms.average_covariance
+        if "_fit_average" not in self.__dict__:  # called outside fit
+            return stats.average_covariance()
+        average = self._fit_average
+        if average is None:
+            average = self._fit_average = stats.average_covariance()
+        return average
 
     def _model_size(self, stats: ClassStatistics) -> tuple[int, float]:
         """``(classes, samples)`` of the model being fitted: of ``model_terms`` when given, else
