@@ -1,10 +1,12 @@
-"""Open-set calibration from held-out samples of the current task: a rejection threshold with a
-stated false-rejection rate, a temperature for calibrated probabilities, and split-conformal
-prediction sets.
+"""Open-set calibration from samples of the current task: a rejection threshold with a stated
+false-rejection rate, a temperature for calibrated probabilities, and split-conformal prediction
+sets.
 
-All three are fitted on *calibration records*: samples of the task just learned that the head
-scoring them did not see (a held-out share; :meth:`Calibration.fit` takes their novelty scores,
-labels and class scores). No sample of an earlier task is kept or needed.
+All three are fitted on *calibration records*: samples of the task just learned, each scored by
+a copy of the head that did not learn it (:func:`held_out_calibration`; by default cross-fitted,
+:func:`calibration_folds`: each fold of the task's samples is scored by the head refitted
+without it, so every sample is a record). :meth:`Calibration.fit` takes their novelty scores,
+labels and class scores. No sample of an earlier task is kept or needed.
 
 - **Rejection.** :meth:`Calibration.threshold` for a target false-rejection rate ``rate`` is the
   ``floor(rate (n + 1))``-th smallest of the ``n`` records' novelty scores, so a new known input,
@@ -52,12 +54,14 @@ import torch
 from .state import Stateful
 
 __all__ = [
+    "CALIBRATION_SHARE",
     "MAX_RECORDS",
     "MIN_RECORDS",
     "TOP_LABEL_PRIOR",
     "Calibration",
-    "calibration_split",
+    "calibration_folds",
     "conformal_quantile",
+    "ece_floor",
     "expected_calibration_error",
     "fit_temperature",
     "fit_top_label",
@@ -73,6 +77,9 @@ TOP = 64
 MAX_RECORDS = 2000
 #: Weight of the pull of the top-label map towards the identity, in records
 TOP_LABEL_PRIOR = 10.0
+#: Share of each class's samples that each fold of a learn's cross-fitting holds out (the
+#: Learner's default ``calibration_share``): ten folds
+CALIBRATION_SHARE = 0.1
 #: Fewer held-out records than this in a task: the newest of earlier tasks join them (up to
 #: this many). Earlier records were scored against fewer classes, so they are overconfident for
 #: the current head; they are a fallback for small tasks only
@@ -107,6 +114,17 @@ def expected_calibration_error(proba: torch.Tensor, labels: torch.Tensor, bins: 
         total += float(inside.sum()) * abs(float(correct[inside].mean())
                                            - float(confidence[inside].double().mean()))
     return total / max(len(labels), 1)
+
+
+def ece_floor(proba: torch.Tensor, bins: int = 15, draws: int = 100, seed: int = 0) -> float:
+    """The mean :func:`expected_calibration_error` of a perfectly calibrated model with these
+    probabilities ``(n, C)``: labels drawn from ``proba`` itself ``draws`` times (with
+    ``seed``). The binned ECE is biased upwards on few inputs; measured ECEs near this floor
+    cannot tell calibration errors from sampling noise."""
+    g = torch.Generator().manual_seed(int(seed))
+    p = proba.to(torch.float64).cpu()
+    return sum(expected_calibration_error(p, torch.multinomial(p, 1, generator=g)[:, 0], bins)
+               for _ in range(draws)) / draws
 
 
 def fit_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
@@ -175,6 +193,21 @@ def top_label_probabilities(proba: torch.Tensor, top_label) -> torch.Tensor:
     return out
 
 
+def best_scores(scores: torch.Tensor, classes: torch.Tensor,
+                labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's best ``min(TOP, C)`` class scores of ``scores`` ``(n, C)`` and their classes
+    (``classes`` ``(n, C)``), the true class's (``labels`` ``(n,)``) always among them."""
+    is_true = classes == labels[:, None]
+    missing = sorted(set(labels[~is_true.any(1)].tolist()))
+    if missing:
+        raise ValueError(f"calibration records of classes the head lacks: {missing[:5]}")
+    true_col = is_true.double().argmax(1)
+    top = scores.topk(min(TOP, scores.shape[1]), dim=1).indices
+    has_true = (top == true_col[:, None]).any(1)
+    top[~has_true, -1] = true_col[~has_true]
+    return scores.gather(1, top), classes.gather(1, top)
+
+
 class Calibration(Stateful):
     """Rejection threshold, temperature and conformal quantiles of one task's held-out records.
 
@@ -193,29 +226,22 @@ class Calibration(Stateful):
             classes: torch.Tensor, *, previous: Calibration | None = None,
             max_records: int = MAX_RECORDS) -> Calibration:
         """Fit from records: ``novelty`` ``(n,)``, ``labels`` ``(n,)``, the head's class scores
-        ``scores`` ``(n, C)`` with columns labelled by ``classes`` ``(C,)``; with ``previous``
-        (the calibration of earlier tasks), its newest records join them up to ``max_records``
-        in all (these records are always kept). Returns ``self``."""
+        ``scores`` ``(n, C)`` with columns labelled by ``classes`` ``(C,)`` (or by each row's
+        own labels, ``(n, C)``, ``-1`` where a column holds no class); with ``previous`` (the
+        calibration of earlier tasks), its newest records join them up to ``max_records`` in
+        all (these records are always kept). Returns ``self``."""
         labels = torch.as_tensor(labels, dtype=torch.int64).reshape(-1)
-        classes = torch.as_tensor(classes, dtype=torch.int64).reshape(-1)
+        classes = torch.as_tensor(classes, dtype=torch.int64)
         scores = scores.to(torch.float64).cpu()
+        if classes.dim() == 1:
+            classes = classes.expand(scores.shape[0], -1)
         same = novelty.numel() == labels.numel() == scores.shape[0]
-        if not same or scores.shape[1] != len(classes):
+        if not same or classes.shape != scores.shape:
             raise ValueError("calibration records: novelty, labels and scores must describe the "
                              "same samples, and scores have one column per class")
         if not labels.numel():
             raise ValueError("calibration needs at least one held-out record")
-        where = {c: i for i, c in enumerate(classes.tolist())}
-        missing = sorted({c for c in labels.tolist() if c not in where})
-        if missing:
-            raise ValueError(f"calibration records of classes the head lacks: {missing[:5]}")
-        true_col = torch.tensor([where[c] for c in labels.tolist()], dtype=torch.int64)
-        k = min(TOP, len(classes))
-        top = scores.topk(k, dim=1).indices
-        has_true = (top == true_col[:, None]).any(1)
-        top[~has_true, -1] = true_col[~has_true]  # the true class's score is always kept
-        self.scores_ = scores.gather(1, top)
-        self.score_classes_ = classes[top]
+        self.scores_, self.score_classes_ = best_scores(scores, classes, labels)
         self.labels_ = labels
         self.novelty_ = novelty.to(torch.float64).cpu().reshape(-1)
         if previous is not None:
@@ -302,19 +328,24 @@ def _check_rate(value: float, name: str) -> None:
 
 
 # ---------------------------------------------------------------------- records of a task
-def calibration_split(labels: torch.Tensor, share: float, seed: int) -> torch.Tensor:
-    """Positions of ``labels`` to hold out for calibration: ``floor(share n_c)`` random samples of
-    every class with ``n_c`` samples, leaving each class at least two (drawn with ``seed``)."""
+def calibration_folds(labels: torch.Tensor, share: float, seed: int) -> torch.Tensor:
+    """The calibration fold of each of ``labels`` ``(n,)``, ``-1`` for none: each class's samples
+    are shuffled (with ``seed``) and dealt in turn over ``K = max(2, round(1 / share))`` folds,
+    so every fold holds about a ``share`` of each class; a class takes part only if its largest
+    fold leaves it two samples (three samples at least)."""
     _check_rate(share, "share")
     labels = torch.as_tensor(labels, dtype=torch.int64).reshape(-1)
+    k = max(2, round(1.0 / share))
     g = torch.Generator().manual_seed(int(seed))
-    held = []
+    folds = torch.full_like(labels, -1)
     for c in labels.unique().tolist():
         members = torch.nonzero(labels == c)[:, 0]
-        k = min(math.floor(share * len(members)), len(members) - 2)
-        if k > 0:
-            held.append(members[torch.randperm(len(members), generator=g)[:k]])
-    return torch.cat(held).sort().values if held else torch.empty(0, dtype=torch.int64)
+        if len(members) - math.ceil(len(members) / k) < 2:
+            continue
+        start = int(torch.randint(k, (1,), generator=g))  # spreads the larger folds
+        shuffled = members[torch.randperm(len(members), generator=g)]
+        folds[shuffled] = (torch.arange(len(members)) + start) % k
+    return folds
 
 
 def without_samples(stats, X: torch.Tensor, y: torch.Tensor):
@@ -347,25 +378,57 @@ def without_samples(stats, X: torch.Tensor, y: torch.Tensor):
 
 
 def held_out_calibration(head, stats, X: torch.Tensor, y: torch.Tensor, *,
-                         method: str | None = None, previous: Calibration | None = None,
+                         folds: torch.Tensor | None = None, method: str | None = None,
+                         previous: Calibration | None = None,
                          min_records: int = MIN_RECORDS) -> Calibration:
-    """:class:`Calibration` from held-out samples ``X``, ``y`` of the current task that
-    ``stats`` include: a copy of ``head`` refitted on ``stats`` without them scores them
-    (novelty ``method``, default the head's). With fewer than ``min_records`` records, the
-    newest of ``previous`` join them up to that many (:meth:`Calibration.fit`).
+    """:class:`Calibration` from samples ``X``, ``y`` of the current task that ``stats``
+    include: each fold of them is scored (novelty ``method``, default the head's; class scores
+    in ``head.classes_`` order) by a copy of ``head`` refitted on ``stats`` without that fold.
+    ``folds`` ``(n,)`` numbers the folds (:func:`calibration_folds`; ``-1``: not a record);
+    by default all of ``X`` is one fold. With fewer than ``min_records`` records, the newest of
+    ``previous`` join them up to that many (:meth:`Calibration.fit`).
 
-    The copy refits every class, not only the task's: the shared terms (LR-RGDA's base ``B``,
-    LDA's covariance) hold the held-out samples too, and in high dimensions with few samples
-    per class they alone make the samples look familiar (openclipart's 1280-d features: 89%
-    of held-out samples classified right with the task's classes refitted alone, 45% with the
-    whole head refitted, as on new inputs). LR-RGDA decomposes only the task's classes again.
+    Cross-fitting (several folds) makes every sample a record, each scored by a head that
+    learned all but a fold of its class, so the records resemble new inputs more closely the
+    more folds there are (one refit per fold). The copy refits every class, not only the
+    task's: the shared terms (LR-RGDA's base ``B``, LDA's covariance) hold the held-out
+    samples too, and in high dimensions with few samples per class they alone make the
+    samples look familiar (openclipart's 1280-d features: 89% of held-out samples classified
+    right with the task's classes refitted alone, 45% with the whole head refitted, as on new
+    inputs). LR-RGDA decomposes only the task's classes again.
     """
     import copy
 
     X = torch.as_tensor(X)
     y = torch.as_tensor(y, dtype=torch.int64).reshape(-1)
-    probe = copy.deepcopy(head).fit(without_samples(stats, X, y))
-    return Calibration().fit(probe.score_samples(X, method), y, probe.decision_function(X),
-                             probe.classes_,
-                             previous=previous if len(y) < min_records else None,
+    folds = (torch.zeros_like(y) if folds is None
+             else torch.as_tensor(folds, dtype=torch.int64).reshape(-1))
+    if folds.shape != y.shape:
+        raise ValueError(f"folds: expected one fold per sample ({len(y)}); got {len(folds)}")
+    order = torch.as_tensor(_labels(head.classes_), dtype=torch.int64)
+    novelty: list[torch.Tensor] = []
+    best: list[tuple[torch.Tensor, torch.Tensor]] = []
+    kept: list[torch.Tensor] = []
+    for fold in folds[folds >= 0].unique().tolist():
+        part = torch.nonzero(folds == fold)[:, 0]
+        probe = copy.deepcopy(head).fit(without_samples(stats, X[part], y[part]))
+        column = {c: j for j, c in enumerate(_labels(probe.classes_))}
+        # without_samples moved the fold's classes to the end: back to the head's order
+        at = torch.tensor([column[c] for c in order.tolist()], dtype=torch.int64)
+        novelty.append(probe.score_samples(X[part], method).to(torch.float64).cpu())
+        full = probe.decision_function(X[part]).to(torch.float64).cpu()[:, at]
+        best.append(best_scores(full, order.expand(len(part), -1), y[part]))
+        kept.append(part)
+    if not kept:
+        raise ValueError("calibration needs at least one held-out record")
+    rows = torch.cat(kept)
+    where = rows.argsort()  # the records in the order of X
+    return Calibration().fit(torch.cat(novelty)[where], y[rows][where],
+                             torch.cat([s for s, _ in best])[where],
+                             torch.cat([c for _, c in best])[where],
+                             previous=previous if len(rows) < min_records else None,
                              max_records=min_records)
+
+
+def _labels(classes) -> list[int]:
+    return [int(c) for c in (classes.tolist() if hasattr(classes, "tolist") else classes)]

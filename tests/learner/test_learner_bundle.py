@@ -68,7 +68,7 @@ def test_save_and_load_give_identical_predictions_and_scores(tmp_path, kind):
     assert loaded.info() == learner.info() and loaded.config == learner.config
     files = set(os.listdir(tmp_path / "model" / "versions" / "v1"))
     stored = {"manifest.json", "learner.json", "statistics", "head.safetensors",
-              "calibration.safetensors"}  # 6 samples a class: 1 of each held out
+              "calibration.safetensors"}  # 6 samples a class: each a record
     if kind == "trained":
         stored |= {"backbone.safetensors", "strategy.safetensors", "anchors.json", "anchors"}
     assert files == stored

@@ -132,10 +132,10 @@ def test_errors_are_one_line_with_status_2(tmp_path, capsys, monkeypatch):
 @needs_transformers
 def test_predict_rejects_unknown_inputs_and_gives_conformal_sets(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    image_folder(tmp_path / "photos", ["red", "green", "blue"], 20)  # 4 of each held out
+    image_folder(tmp_path / "photos", ["red", "green", "blue"], 20)  # 60 records
     ok(capsys, "learn", "model", "--data", "photos", *TINY)
-    assert re.search(r"^calibration +12 held-out samples, temperature \S+, too few records for "
-                     r"reject rate 0.05$", ok(capsys, "info", "model"), re.M)
+    assert re.search(r"^calibration +60 records, temperature \S+, threshold \S+ at reject rate "
+                     r"0.05$", ok(capsys, "info", "model"), re.M)
     image_folder(tmp_path / "query", ["red", "yellow", "purple"], 2, seed=5)
     listed = json.loads(ok(capsys, "predict", "model", "query", "--reject", "--reject-rate",
                            "0.25", "--top-k", "2"))
@@ -160,8 +160,8 @@ def test_predict_rejects_unknown_inputs_and_gives_conformal_sets(tmp_path, capsy
     # without --reject the output is as before
     assert set(json.loads(ok(capsys, "predict", "model", "query/red/0.png"))[0]) == {
         "input", "predictions"}
-    assert "12 held-out samples, too few for a false-rejection rate of 0.05" in fails(
-        capsys, "predict", "model", "query/red/0.png", "--reject")
+    assert "60 records, too few for a false-rejection rate of 0.01" in fails(
+        capsys, "predict", "model", "query/red/0.png", "--reject", "--reject-rate", "0.01")
     assert "--reject-rate applies with --reject only" in fails(
         capsys, "predict", "model", "query/red/0.png", "--reject-rate", "0.3")
     for flag, value, message in (("--reject-rate", "1.5", "a number strictly between 0 and 1"),

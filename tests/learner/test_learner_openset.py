@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gdacil.calibration import Calibration, calibration_split, held_out_calibration
+from gdacil.calibration import Calibration, calibration_folds, held_out_calibration
 from gdacil.cil.config import ConfigError
 from gdacil.cil.model import task_seed
 from gdacil.io import CorruptFileError
@@ -32,9 +32,11 @@ FIXTURE = Path(__file__).parents[1] / "fixtures" / "learner-bundle-v1"
 CALIBRATION_SEED = 103
 
 
-def held_out_count(counts: list[int], share: float = 0.2) -> int:
-    """How many samples a learn holds out (gdacil.calibration.calibration_split)."""
-    return sum(max(0, min(math.floor(share * n), n - 2)) for n in counts)
+def record_count(counts: list[int], share: float = 0.1) -> int:
+    """How many records a learn makes (gdacil.calibration.calibration_folds): every sample of a
+    class whose largest fold leaves it two samples."""
+    folds = max(2, round(1 / share))
+    return sum(n for n in counts if n - math.ceil(n / folds) >= 2)
 
 
 def same_calibration(a: Calibration, b: Calibration) -> bool:
@@ -45,7 +47,7 @@ def same_calibration(a: Calibration, b: Calibration) -> bool:
 
 @pytest.fixture(scope="module")
 def learned() -> Learner:
-    """Red, green and blue, 20 images each (4 of each held out): 12 records."""
+    """Red, green and blue, 20 images each, cross-fitted in ten folds: 60 records."""
     learner = tiny_learner()
     learner.learn(*colour_set(KNOWN, 20))
     return learner
@@ -53,31 +55,31 @@ def learned() -> Learner:
 
 @pytest.fixture(scope="module")
 def plenty() -> Learner:
-    """Red, green and blue, 100 images each (20 of each held out): 60 records."""
+    """Red, green and blue, 100 images each: 300 records."""
     learner = tiny_learner()
     learner.learn(*colour_set(KNOWN, 100))
     return learner
 
 
 # ---------------------------------------------------------------------- calibration at learn
-def test_a_learn_calibrates_on_a_held_out_share_of_its_own_samples(learned):
+def test_a_learn_calibrates_on_cross_fitted_records_of_its_own_samples(learned):
     X, y = colour_set(KNOWN, 20)
     calibration = learned.calibration
-    assert calibration is not None and calibration.n_records == held_out_count([20] * 3) == 12
+    assert calibration is not None and calibration.n_records == record_count([20] * 3) == 60
     assert learned.class_counts() == {"red": 20, "green": 20, "blue": 20}  # all are learned
-    # exactly held_out_calibration on the positions calibration_split draws with the learn's
-    # seed, the features of its one extraction, and the statistics that include them
+    # exactly held_out_calibration on the folds calibration_folds deals with the learn's seed,
+    # the features of its one extraction, and the statistics that include them
     labels = torch.tensor([learned.class_ids()[name] for name in y])
-    held = calibration_split(labels, 0.2, task_seed(0, 0, CALIBRATION_SEED))
-    features = learned._features([X[i] for i in held.tolist()])
-    again = held_out_calibration(learned.head, learned.statistics, features, labels[held])
+    folds = calibration_folds(labels, 0.1, task_seed(0, 0, CALIBRATION_SEED))
+    again = held_out_calibration(learned.head, learned.statistics, learned._features(X), labels,
+                                 folds=folds)
     assert torch.equal(calibration.labels_, again.labels_)
     torch.testing.assert_close(calibration.novelty_, again.novelty_, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(calibration.scores_, again.scores_, rtol=1e-9, atol=1e-6)
     assert calibration.temperature_ == pytest.approx(again.temperature_, rel=1e-6)
     info = learned.info()["calibration"]
-    assert info == {"records": 12, "temperature": calibration.temperature_, "reject_rate": 0.05,
-                    "threshold": None}  # 12 records are too few for 5 %
+    assert info == {"records": 60, "temperature": calibration.temperature_, "reject_rate": 0.05,
+                    "threshold": calibration.threshold(0.05)}
 
 
 @pytest.mark.parametrize("trained", [False, True])
@@ -85,15 +87,15 @@ def test_a_small_learn_joins_its_records_to_the_newest_earlier_ones(trained):
     learner = trained_learner() if trained else tiny_learner()
     learner.learn(*colour_set(KNOWN, 10))
     first = learner.calibration
-    assert first is not None and first.n_records == 6
+    assert first is not None and first.n_records == 30
     report = learner.learn(*colour_set(UNKNOWN, 15, seed=1))
     assert report.compensated == trained  # the statistics moved before the merge, if trained
     second = learner.calibration
     ids = learner.class_ids()
-    # fewer than MIN_RECORDS of its own: this learn's 6 records follow the earlier 6
-    assert second.n_records == held_out_count([15, 15]) + 6 == 12
-    assert set(second.labels_[6:].tolist()) == {ids["yellow"], ids["purple"]}
-    assert torch.equal(second.novelty_[:6], first.novelty_)
+    # fewer than MIN_RECORDS of its own: this learn's 30 records follow the earlier 30
+    assert second.n_records == record_count([15, 15]) + 30 == 60
+    assert set(second.labels_[30:].tolist()) == {ids["yellow"], ids["purple"]}
+    assert torch.equal(second.novelty_[:30], first.novelty_)
     assert set(second.score_classes_.flatten().tolist()) <= set(ids.values()) | {-1}
     # no class with 3 samples: no new calibration, the previous one is kept
     learner.learn(colour_images("red", 2, seed=2), ["red"] * 2)
@@ -135,11 +137,11 @@ def test_a_failing_calibration_fails_the_learn_and_changes_nothing(learned, monk
     assert learner.predict(test, top_k=3, reject=True, reject_rate=0.2) == before
     monkeypatch.undo()
     learner.learn(*colour_set(UNKNOWN, 10))  # and it learns once the failure is gone
-    assert learner.calibration.n_records == 12 + 4  # joined by the earlier records
+    assert learner.calibration.n_records == 20 + 60  # joined by the earlier records
 
 
 def test_settings_are_checked_and_old_configs_load():
-    assert LearnerConfig().calibration_share == 0.2 and LearnerConfig().reject_rate == 0.05
+    assert LearnerConfig().calibration_share == 0.1 and LearnerConfig().reject_rate == 0.05
     old = LearnerConfig().to_dict()
     for key in ("calibration_share", "reject_rate", "novelty"):
         del old[key]
@@ -180,8 +182,8 @@ def test_unknown_classes_are_rejected_and_known_ones_accepted(learned):
 
 
 def test_the_false_rejection_rate_of_known_inputs_is_near_its_target(plenty):
-    """With 60 records, the threshold for rate r is their floor(61 r)-th smallest score: fresh
-    known inputs fall below it at about r (a Beta(61 r, 61 (1 - r)) share of them)."""
+    """With 300 records, the threshold for rate r is their floor(301 r)-th smallest score:
+    fresh known inputs fall below it at about r (a Beta(301 r, 301 (1 - r)) share of them)."""
     fresh = colour_set(KNOWN, 100, seed=7)[0]
     answers = plenty.predict(fresh, reject=True, reject_rate=0.1)
     novelty = torch.tensor([p.novelty for p in answers])
@@ -195,11 +197,11 @@ def test_the_false_rejection_rate_of_known_inputs_is_near_its_target(plenty):
 
 def test_rejection_errors_say_why_and_what_to_do(learned):
     x = colour_images("red", 1, seed=9)
-    with pytest.raises(ValueError, match=r"holds 12 held-out samples, too few for a "
-                                         r"false-rejection rate of 0.05 \(that takes at least "
-                                         r"19\); ask a larger reject_rate \(at least 0.077\)"):
-        learned.predict(x, reject=True)
-    assert learned.predict(x, reject=True, reject_rate=0.077)[0].threshold is not None
+    with pytest.raises(ValueError, match=r"holds 60 records, too few for a false-rejection "
+                                         r"rate of 0.01 \(that takes at least 99\); ask a "
+                                         r"larger reject_rate \(at least 0.017\)"):
+        learned.predict(x, reject=True, reject_rate=0.01)
+    assert learned.predict(x, reject=True, reject_rate=0.017)[0].threshold is not None
     for kwargs, message in [({"reject_rate": 0.1}, "reject_rate applies to predict"),
                             ({"reject": True, "reject_rate": 1.5}, "reject_rate must be a number"),
                             ({"reject": 1}, "reject must be True or False"),
@@ -290,11 +292,11 @@ def test_forgetting_drops_the_classes_records(learned, tmp_path):
     ids = learner.class_ids()
     learner.forget("green")
     calibration = learner.calibration
-    assert calibration.n_records == 8 and ids["green"] not in calibration.labels_.tolist()
+    assert calibration.n_records == 40 and ids["green"] not in calibration.labels_.tolist()
     kept = calibration.score_classes_ == ids["green"]
     assert bool(torch.isneginf(calibration.scores_[kept]).all())  # its scores are gone too
     learner.save(tmp_path / "model")
-    assert Learner.load(tmp_path / "model").calibration.n_records == 8
+    assert Learner.load(tmp_path / "model").calibration.n_records == 40
     # forgetting every class of the records leaves no calibration
     learner.forget(["red", "blue"])
     assert learner.calibration is None and learner.classes == []
@@ -308,7 +310,7 @@ def test_a_model_saved_before_calibration_loads_and_says_it_has_none(tmp_path):
     shutil.copytree(FIXTURE / "model", model)
     learner = Learner.load(model)
     assert learner.calibration is None and learner.info()["calibration"] is None
-    assert learner.config.calibration_share == 0.2  # the defaults of the new settings
+    assert learner.config.calibration_share == 0.1  # the defaults of the new settings
     image = sorted((FIXTURE / "inputs").glob("*.png"))[0]
     with pytest.raises(ValueError, match=r"rejection needs a calibrated model, and this one has "
                                          r"no calibration: no learn has calibrated it \(a model "
@@ -316,6 +318,6 @@ def test_a_model_saved_before_calibration_loads_and_says_it_has_none(tmp_path):
         learner.predict([image], reject=True)
     assert learner.predict([image])[0].novelty is None
     learner.learn(*colour_set(["purple"], 10, seed=3))  # its next learn calibrates it
-    assert learner.calibration.n_records == 2
+    assert learner.calibration.n_records == 10
     assert learner.save(model) == "v3"
-    assert Learner.load(model).calibration.n_records == 2
+    assert Learner.load(model).calibration.n_records == 10

@@ -282,7 +282,7 @@ def test_rejection_and_conformal_sets_over_http(tmp_path):
     """``"reject": true`` adds "unknown", "novelty" and "threshold" (equal to the learner's),
     ``"sets"`` conformal sets; bad values and models without calibration get 400."""
     learner = tiny_learner()
-    learner.learn(*colour_set(COLOURS, 20))  # 4 of each held out: 12 records
+    learner.learn(*colour_set(COLOURS, 20))  # every sample a record: 60
     learner.save(tmp_path / "model")
     plain = tiny_learner(calibration_share=0)
     plain.learn(*colour_set(COLOURS, 8))
@@ -304,7 +304,7 @@ def test_rejection_and_conformal_sets_over_http(tmp_path):
         assert status == 200 and set(answer) == {"version", "predictions", "sets"}
         assert answer["sets"] == [list(p.prediction_set) for p in reference]
         status, answer = call(url, "/info")
-        assert answer["calibration"]["records"] == 12
+        assert answer["calibration"]["records"] == 60
         for payload, message in [
             ({"reject": "yes"}, "'reject' must be true or false; got 'yes'"),
             ({"reject": True, "reject_rate": 1.5}, "'reject_rate' (the target false-rejection "
@@ -314,8 +314,8 @@ def test_rejection_and_conformal_sets_over_http(tmp_path):
             ({"reject_rate": 0.1}, "'reject_rate' applies with \"reject\": true only"),
             ({"sets": 0}, "'sets' (the conformal sets' miscoverage alpha) must be a number"),
             ({"sets": "0.1"}, "'sets' (the conformal sets' miscoverage alpha) must be a number"),
-            ({"reject": True}, "holds 12 held-out samples, too few for a false-rejection rate "
-                               "of 0.05"),
+            ({"reject": True, "reject_rate": 0.01}, "holds 60 records, too few for a "
+                                                   "false-rejection rate of 0.01"),
             ({"sets": 0.1, "alpha": 0.1}, "unknown fields: alpha"),
         ]:
             got, answer = call(url, "/predict", {"inputs": inputs[:1], **payload})
@@ -476,7 +476,7 @@ def test_text_model_under_concurrent_clients_while_learning(tmp_path):
 
 # ---------------------------------------------------------------------- the README's rejection
 #: Support tickets of three queues, 40 each: every combination of one phrase per slot, every
-#: 37th of them (so 8 of each queue are held out to calibrate, 24 records in all)
+#: 37th of them (each a calibration record: 120 in all)
 TICKET_SLOTS = {
     "billing": (["I was charged", "My card was billed", "You took a payment",
                  "The invoice shows a charge", "My bank statement lists a fee",
@@ -539,7 +539,7 @@ def test_the_readme_rejection_example_works_against_a_live_server(tmp_path, monk
     learner = Learner("minilm")
     learner.learn(*many_tickets())
     learner.save("tickets-model")
-    assert learner.calibration.n_records == 24  # enough for the default rate of 5 %
+    assert learner.calibration.n_records == 120  # enough for the default rate of 5 %
     server, url = start_readme_server(serve_line)
     try:
         wait_until_serving(server, url)

@@ -10,8 +10,9 @@ import torch
 from gdacil import ClassGaussians
 from gdacil.calibration import (
     Calibration,
-    calibration_split,
+    calibration_folds,
     conformal_quantile,
+    ece_floor,
     expected_calibration_error,
     fit_temperature,
     held_out_calibration,
@@ -21,6 +22,11 @@ from gdacil.calibration import (
 from gdacil.heads import LDA, LRRGDA
 from gdacil.stats import LowRankGaussians
 from gdacil.testing import make_stats
+
+
+def one_fold(y, share, seed):
+    """The positions of the first calibration fold of ``y``."""
+    return torch.nonzero(calibration_folds(y, share, seed) == 0)[:, 0]
 
 
 def _model_draws(n, C=5, temperature=1.0, seed=0):
@@ -84,7 +90,7 @@ def test_expected_calibration_error_by_hand():
 
 def test_without_samples_is_the_statistics_of_the_rest():
     stats, X, y = make_stats()
-    held = calibration_split(y, 0.3, seed=4)
+    held = one_fold(y, 0.3, 4)
     rest = torch.ones(len(y), dtype=torch.bool)
     rest[held] = False
     got = without_samples(stats, X[held], y[held])
@@ -105,19 +111,66 @@ def test_without_samples_refuses_what_it_cannot_do():
         without_samples(stats, X[only], y[only])
 
 
-def test_calibration_split_is_seeded_per_class_and_leaves_two():
-    y = torch.tensor([0] * 10 + [1] * 3 + [2] * 2)
-    held = calibration_split(y, 0.2, seed=1)
-    assert torch.equal(held, calibration_split(y, 0.2, seed=1))
-    assert not torch.equal(held, calibration_split(y, 0.2, seed=2))
-    assert [int((y[held] == c).sum()) for c in (0, 1, 2)] == [2, 0, 0]
+def test_calibration_folds_deal_each_class_evenly_and_leave_two():
+    y = torch.tensor([0] * 10 + [1] * 3 + [2] * 2 + [3] * 4)
+    folds = calibration_folds(y, 0.2, seed=1)
+    assert torch.equal(folds, calibration_folds(y, 0.2, seed=1))
+    assert not torch.equal(folds, calibration_folds(y, 0.2, seed=2))
+    # five folds: class 0 two samples in each, class 1 one sample in three folds, class 2 none
+    assert sorted(folds[y == 0].tolist()) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert len(set(folds[y == 1].tolist())) == 3 and int(folds[y == 1].min()) >= 0
+    assert folds[y == 2].tolist() == [-1, -1]
+    # two folds: a class of 3 would keep one sample in some fold, one of 4 keeps two
+    halves = calibration_folds(y, 0.5, seed=0)
+    assert halves[y == 1].tolist() == [-1] * 3
+    assert sorted(halves[y == 3].tolist()) == [0, 0, 1, 1]
+    assert int(calibration_folds(y, 0.9, seed=0).max()) == 1  # at least two folds
     with pytest.raises(ValueError, match="share"):
-        calibration_split(y, 1.5, seed=0)
+        calibration_folds(y, 1.5, seed=0)
+
+
+def test_cross_fitted_records_are_scored_by_heads_without_their_fold():
+    stats, X, y = make_stats()
+    head = LRRGDA(rank=3).fit(stats)
+    folds = calibration_folds(y, 0.25, seed=3)
+    cal = held_out_calibration(head, stats, X, y, folds=folds, min_records=1)
+    kept = torch.nonzero(folds >= 0)[:, 0]
+    assert cal.n_records == len(kept) and torch.equal(cal.labels_, y[kept])  # in X's order
+    order = head.classes_.tolist()
+    for fold in range(4):
+        part = torch.nonzero(folds[kept] == fold)[:, 0]
+        rows = kept[part]
+        probe = LRRGDA(rank=3).fit(without_samples(stats, X[rows], y[rows]))
+        assert torch.equal(cal.novelty_[part], probe.score_samples(X[rows]))
+        # the class scores are in the head's class order, whatever order the probe has
+        scores = probe.decision_function(X[rows])[
+            :, [probe.classes_.tolist().index(c) for c in order]]
+        expected = scores.gather(1, torch.tensor(
+            [[order.index(int(c)) for c in row] for row in cal.score_classes_[part]]))
+        assert torch.equal(cal.scores_[part], expected)
+    with pytest.raises(ValueError, match="one fold per sample"):
+        held_out_calibration(head, stats, X, y, folds=folds[:-1])
+    with pytest.raises(ValueError, match="at least one held-out record"):
+        held_out_calibration(head, stats, X, y, folds=torch.full_like(y, -1))
+
+
+def test_ece_floor_is_the_ece_of_a_calibrated_model_on_so_many_inputs():
+    scores, _ = _model_draws(200, temperature=1.0, seed=5)
+    proba = torch.softmax(scores, 1)
+    floor = ece_floor(proba, draws=50, seed=1)
+    assert floor == ece_floor(proba, draws=50, seed=1)
+    g = torch.Generator().manual_seed(9)  # independent labels of the same calibrated model
+    again = [expected_calibration_error(proba, torch.multinomial(proba, 1, generator=g)[:, 0])
+             for _ in range(200)]
+    assert floor == pytest.approx(sum(again) / len(again), abs=0.01)
+    assert 0.02 < floor < 0.2  # 200 inputs: far from 0, though calibrated
+    big = torch.softmax(_model_draws(20000, temperature=1.0, seed=6)[0], 1)
+    assert ece_floor(big, draws=5) < floor / 3  # it shrinks like 1 / sqrt(n)
 
 
 def test_held_out_records_come_from_a_head_that_never_saw_them():
     stats, X, y = make_stats()
-    held = calibration_split(y, 0.2, seed=0)
+    held = one_fold(y, 0.2, 0)
     cal = held_out_calibration(LRRGDA(rank=3).fit(stats), stats, X[held], y[held])
     probe = LRRGDA(rank=3).fit(without_samples(stats, X[held], y[held]))
     assert cal.n_records == len(held)
@@ -134,7 +187,7 @@ def test_held_out_records_come_from_a_head_that_never_saw_them():
 
 def test_forget_drops_the_records_and_scores_of_a_class():
     stats, X, y = make_stats()
-    held = calibration_split(y, 0.3, seed=0)
+    held = one_fold(y, 0.3, 0)
     cal = held_out_calibration(LDA().fit(stats), stats, X[held], y[held])
     n13 = int((y[held] == 13).sum())
     before = cal.n_records
@@ -147,7 +200,7 @@ def test_forget_drops_the_records_and_scores_of_a_class():
 
 def test_state_round_trip_and_bad_records():
     stats, X, y = make_stats()
-    held = calibration_split(y, 0.2, seed=0)
+    held = one_fold(y, 0.2, 0)
     cal = held_out_calibration(LDA().fit(stats), stats, X[held], y[held])
     loaded = Calibration().load_state_dict(*cal.state_dict())
     for name in ("novelty_", "labels_", "scores_", "score_classes_", "nonconformity_"):
@@ -164,9 +217,9 @@ def test_state_round_trip_and_bad_records():
 
 def test_previous_records_join_a_small_task_up_to_the_minimum():
     stats, X, y = make_stats()
-    first = calibration_split(y, 0.2, seed=0)
+    first = one_fold(y, 0.2, 0)
     old = held_out_calibration(LDA().fit(stats), stats, X[first], y[first])
-    second = calibration_split(y, 0.1, seed=1)
+    second = one_fold(y, 0.1, 1)
     new = held_out_calibration(LDA().fit(stats), stats, X[second], y[second])
     joined = held_out_calibration(LDA().fit(stats), stats, X[second], y[second], previous=old,
                                   min_records=len(second) + 5)

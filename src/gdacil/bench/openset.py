@@ -6,15 +6,18 @@ non-affine LayerNorm, L2), over seeds: a quarter of the classes (drawn per seed)
 never learned, and their test samples are the unknown inputs. The other classes arrive in tasks
 (the class orders and train/test splits of :mod:`gdacil.bench.incremental`); the default head,
 LR-RGDA, is refitted after every task on the class statistics merged so far, and a calibration
-(:mod:`gdacil.calibration`) is fitted on a held-out 20% of THAT task's training samples (the
-statistics include them; a copy of the head fitted without them scores them), joined by the
-newest records of earlier tasks when they are fewer than 100. The last task's calibration
+(:mod:`gdacil.calibration`) is fitted on records of THAT task's training samples, cross-fitted
+as the Learner does by default: each class's samples are dealt into ten folds, and each fold is
+scored by a copy of the head refitted on the statistics without it (the statistics include
+every sample), so every sample is a record; earlier tasks' newest records join a task with
+fewer than 100. The last task's calibration
 serves the final evaluation, on the test samples of every known class and of the
 unknown ones: AUROC (known positive) and FPR at 95% TPR of every novelty score of
 :mod:`gdacil.novelty` on LR-RGDA, of Mahalanobis++ (the ``"mahalanobis"`` score of statistics of
 L2-normalised features) and of two anchors (RanPAC's largest softmax probability; FeCAM's
 Mahalanobis distance, its ViT setting); rejection at a 5% target false-rejection rate; the
-expected calibration error before and after calibration (temperature, then the top-label map);
+expected calibration error before and after calibration (temperature, then the top-label map)
+with its floor on this many test inputs (:func:`gdacil.calibration.ece_floor`);
 split-conformal sets at alpha = 0.1.
 
 Regenerate: ``python -m gdacil bench openset --out benchmarks --overwrite`` (writes
@@ -42,10 +45,12 @@ import numpy as np
 import torch
 
 from ..calibration import (
+    CALIBRATION_SHARE,
     MIN_RECORDS,
     TOP_LABEL_PRIOR,
     Calibration,
-    calibration_split,
+    calibration_folds,
+    ece_floor,
     expected_calibration_error,
     held_out_calibration,
 )
@@ -69,8 +74,6 @@ __all__ = ["ALPHA", "CALIBRATION_SHARE", "DEFAULT_ANCHORS", "TARGET_RATE", "UNKN
 RUNS_DIR = "openset_runs"
 #: Share of the classes held out as unknown (``len(classes) // 4`` of them)
 UNKNOWN_FRACTION = 0.25
-#: Share of each task's training samples held out for its calibration
-CALIBRATION_SHARE = 0.2
 #: Target false-rejection rate of the rejection threshold
 TARGET_RATE = 0.05
 #: Miscoverage of the conformal sets
@@ -190,9 +193,9 @@ def _gdacil_part(X: torch.Tensor, y: np.ndarray, sp: OpenSetSplit, seed: int,
         stats_l2.update(X_l2[rows], y_task)
         fit_s += time.perf_counter() - start
         start = time.perf_counter()
-        held = calibration_split(y_task, CALIBRATION_SHARE, seed * 1000 + i)
-        # the fitted head: its copy reuses the eigenpairs of the classes the held-out set leaves
-        cal = held_out_calibration(head, stats, X_task[held], y_task[held], previous=cal)
+        folds = calibration_folds(y_task, CALIBRATION_SHARE, seed * 1000 + i)
+        # the fitted head: its copies reuse the eigenpairs of the classes a fold leaves
+        cal = held_out_calibration(head, stats, X_task, y_task, folds=folds, previous=cal)
         calibrate_s += time.perf_counter() - start
         history.append({"task": i, "classes": len(classes), "records": cal.n_records,
                         "temperature": cal.temperature_, "threshold": cal.threshold(TARGET_RATE)})
@@ -232,6 +235,7 @@ def _gdacil_part(X: torch.Tensor, y: np.ndarray, sp: OpenSetSplit, seed: int,
                       "known_accuracy_no_rejection": _percent(correct)},
         "ece": {"before": expected_calibration_error(torch.softmax(logits, 1), cols, ECE_BINS),
                 "after": expected_calibration_error(cal.calibrated(logits), cols, ECE_BINS),
+                "floor": ece_floor(cal.calibrated(logits), ECE_BINS),
                 "after_temperature": expected_calibration_error(cal.tempered(logits), cols,
                                                                 ECE_BINS)},
         "temperature": cal.temperature_,
@@ -296,7 +300,7 @@ def run_seed(X: torch.Tensor, y: np.ndarray, *, n_tasks: int, test_fraction: flo
     config = (f"{PROTOCOL} {factory()!r} share={CALIBRATION_SHARE} rate={TARGET_RATE} "
               f"alpha={ALPHA} bins={ECE_BINS} tasks={n_tasks} test={test_fraction} "
               f"min_records={MIN_RECORDS} maps=temperature+top-label(prior={TOP_LABEL_PRIOR}) "
-              "probe=whole-head")
+              "probe=whole-head records=cross-fitted")
     result = _stored(path, "gdacil", config,
                      lambda: _gdacil_part(X, y, sp, seed, factory))
     result = json.loads(json.dumps(result))  # a copy: the anchors join its scores
@@ -423,8 +427,8 @@ def render(payload: dict) -> str:
              "", _plain(" ".join(__doc__.split("\n\n")[1].split())), "",
              f"Seeds {payload['seeds']}; tasks per set {payload['tasks']}; "
              f"{100 * payload['unknown_fraction']:.0f}% of the classes unknown; "
-             f"{100 * payload['calibration_share']:.0f}% of each task's training samples held "
-             f"out for its calibration. Means over seeds. Default score `{default}`"
+             f"calibration records cross-fitted in {round(1 / payload['calibration_share'])} "
+             f"folds of each task's training samples. Means over seeds. Default score `{default}`"
              + (f"; anchors {', '.join(f'`{a}`' for a in anchors)}." if anchors else
                 "; anchors not run (`--skip-anchors`).")
              + " AUROC, FPR, rejection rates, accuracies and coverage in percent; ECE as a "
@@ -452,13 +456,17 @@ def render(payload: dict) -> str:
                               "known acc. with rejection"], rows)]
     rows = [[c["features"], c["scaling"], f"{c['ece']['before']:.4f}",
              f"{c['ece'].get('after_temperature', float('nan')):.4f}", f"{c['ece']['after']:.4f}",
-             f"{c['temperature']:.3f}"] for c in payload["cells"]]
+             f"{c['ece'].get('floor', float('nan')):.4f}", f"{c['temperature']:.3f}"]
+            for c in payload["cells"]]
     lines += ["## Expected calibration error (fraction, 15 bins), known test inputs", "",
               "Before: `softmax(decision_function)`; temperature: divided by the temperature "
               "fitted on the calibration records; after: `Calibration.calibrated`, the "
-              "temperature and then the top-label map.", "",
+              "temperature and then the top-label map; floor: the mean ECE of a perfectly "
+              "calibrated model with the calibrated probabilities on these test inputs "
+              "(`gdacil.calibration.ece_floor`), below which no measured ECE can be told from "
+              "sampling noise.", "",
               markdown_table(["features", "scaling", "ECE before", "ECE temperature",
-                              "ECE after", "temperature"], rows)]
+                              "ECE after", "ECE floor", "temperature"], rows)]
     rows = [[c["features"], c["scaling"], f"{c['conformal']['alpha']:g}",
              f"{c['conformal']['coverage']:.2f}", f"{c['conformal']['coverage_last_task']:.2f}",
              f"{c['conformal']['coverage_earlier_tasks']:.2f}",

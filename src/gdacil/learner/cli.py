@@ -384,7 +384,7 @@ def _calibration_line(calibration: dict | None) -> str:
     at = (f"threshold {threshold:.4g} at reject rate {calibration['reject_rate']:g}"
           if threshold is not None else
           f"too few records for reject rate {calibration['reject_rate']:g}")
-    return (f"{calibration['records']} held-out samples, temperature "
+    return (f"{calibration['records']} records, temperature "
             f"{calibration['temperature']:.4g}, {at}")
 
 

@@ -19,9 +19,10 @@ field                   what
                         or its fields; default: dense :class:`~gdacil.ClassGaussians`)
 ``anchors``             raw samples kept (a seeded reservoir) to fit the compensator; only kept
                         when the strategy trains the backbone on later tasks
-``calibration_share``   the share of each class's samples in a learn held out to calibrate
-                        rejection, probabilities and conformal sets (:mod:`gdacil.calibration`;
-                        default 0.2, 0: none)
+``calibration_share``   the share of each class's samples in a learn that each calibration fold
+                        holds out (``round(1 / share)`` folds, every sample scored by a head
+                        that did not learn it) to calibrate rejection, probabilities and
+                        conformal sets (:mod:`gdacil.calibration`; default 0.1, 0: none)
 ``reject_rate``         the default target false-rejection rate of ``predict(..., reject=True)``
 ``novelty``             the novelty score of rejection (:mod:`gdacil.novelty`; default: the
                         head's)
@@ -33,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .._validation import check_positive_int
+from ..calibration import CALIBRATION_SHARE
 from ..cil.config import (
     BackboneConfig,
     CompensatorConfig,
@@ -104,10 +106,12 @@ class LearnerConfig(TypedConfig):
         are when a strategy trains it). Makes a model independent of how its backbone is built,
         e.g. of a randomly initialised test backbone.
     calibration_share : float
-        Share of each class's samples in a learn held out to calibrate the model (they are
-        learned too: the calibration scores them with a copy of the head fitted without them);
-        0 disables calibration. Needs dense statistics; see docs/learner.md, "Saying I don't
-        know".
+        Share of each class's samples in a learn that each calibration fold holds out: the
+        learn's samples are dealt into ``round(1 / share)`` folds (at least two), and each fold
+        is scored by a copy of the head refitted without it, so every sample calibrates the
+        model and all are learned. More folds make the records more like new inputs and cost
+        one head refit each; 0 disables calibration. Needs dense statistics; see
+        docs/learner.md, "Saying I don't know".
     reject_rate : float
         Default target false-rejection rate of ``predict(..., reject=True)``: the share of
         inputs of known classes it may call unknown.
@@ -132,7 +136,7 @@ class LearnerConfig(TypedConfig):
     batch_size: int = 32
     ddof: int = 0
     store_backbone: bool = False
-    calibration_share: float = 0.2
+    calibration_share: float = CALIBRATION_SHARE
     reject_rate: float = 0.05
     novelty: str | None = None
 

@@ -10,8 +10,9 @@ the learner maps them to internal integer ids, which are never reused.
 ``learn`` is a transaction: when it fails, the learner (statistics, head, backbone weights,
 strategy state, anchors, calibration) is as it was before the call.
 
-Each ``learn`` holds out a share of each class's samples (``calibration_share``) to calibrate
-the model on them (:mod:`gdacil.calibration`): ``predict(..., reject=True)`` then says which
+Each ``learn`` calibrates the model on its own samples (:mod:`gdacil.calibration`), cross-fitted:
+each fold of them (a ``calibration_share`` of each class) is scored by the head refitted without
+it. ``predict(..., reject=True)`` then says which
 inputs are of no known class, probabilities are calibrated, and :meth:`Learner.predict_set` gives
 conformal sets (docs/learner.md, "Saying I don't know").
 
@@ -37,7 +38,7 @@ file                         what
 ``anchors.json``             the anchor reservoir: size, samples seen, each anchor's class and text
                              or image file; image anchors are ``anchors/<sha256>.png``
 ``calibration.safetensors``  the open-set calibration (:class:`~gdacil.calibration.Calibration`'s
-                             state: the records of held-out samples of the latest learns), when
+                             state: the records of the latest learns' samples), when
                              there is one; versions saved before have none
 ===========================  =======================================================================
 """
@@ -62,7 +63,13 @@ import numpy as np
 import torch
 
 from .. import __version__
-from ..calibration import Calibration, calibration_split, held_out_calibration
+from ..calibration import (
+    CALIBRATION_SHARE,
+    MIN_RECORDS,
+    Calibration,
+    calibration_folds,
+    held_out_calibration,
+)
 from ..cil.config import ConfigError
 from ..cil.model import IncrementalModel, TaskData, backbone_weights, task_seed
 from ..cil.progress import format_duration
@@ -196,8 +203,8 @@ class Learner:
     ...     learner.save(os.path.join(tmp, "pets"))
     'v1'
 
-    Saying "I don't know": each learn holds out a fifth of each class's samples to calibrate
-    the rejection threshold (here 2 of 10 a class: 4 records, enough for a 25 % target rate):
+    Saying "I don't know": each learn scores its own samples with heads refitted without them
+    (ten folds of each class) to calibrate the rejection threshold (here 20 records):
 
     >>> cats = [f"the cat {v} on the sofa" for v in ("sleeps", "purrs", "naps", "stretches",
     ...         "yawns", "sits", "rests", "curls up", "meows", "lies")]
@@ -253,7 +260,7 @@ class Learner:
         self._history: list[dict] = []
         self._pending: list[dict] = []
         self._origin: tuple[Path, str] | None = None
-        # the records of the latest learns' held-out samples (None: not calibrated)
+        # the records of the latest learns' samples (None: not calibrated)
         self._calibration: Calibration | None = None
 
     @property
@@ -480,18 +487,19 @@ class Learner:
     def _held_out(self, t: int, X: torch.Tensor, y: torch.Tensor,
                   moved: ClassStatistics | None) -> Calibration | None:
         """The calibration after learn ``t``, called by the task step once the statistics hold
-        the task's samples and the head is refitted on them: fitted on the held-out share of
-        this learn's own samples (``X``, the features the task step extracted, and ``y``),
-        which the head refitted without them scores, joined by the newest records of earlier
-        learns when they are fewer than :data:`~gdacil.calibration.MIN_RECORDS`. The previous
+        the task's samples and the head is refitted on them: fitted on records of this learn's
+        own samples (``X``, the features the task step extracted, and ``y``), each fold of them
+        scored by the head refitted without it (:func:`~gdacil.calibration.calibration_folds`),
+        joined by the newest records of earlier learns when they are fewer than
+        :data:`~gdacil.calibration.MIN_RECORDS`. The previous
         calibration when none can be made: calibration disabled, statistics that are not dense
         (samples cannot be taken out of them exactly), or no class of the learn with 3 samples
         or more."""
         cfg = self.config
         if not cfg.calibration_share or cfg.statistics.storage != "dense":
             return self._calibration
-        held = calibration_split(y, cfg.calibration_share, task_seed(cfg.seed, t, _CALIBRATION))
-        if not held.numel():
+        folds = calibration_folds(y, cfg.calibration_share, task_seed(cfg.seed, t, _CALIBRATION))
+        if not bool((folds >= 0).any()):
             return self._calibration
         # the statistics the head was just refitted on: the compensated ones, those held (merged
         # in place), or, at the first learn, the task's own
@@ -499,7 +507,7 @@ class Learner:
         if stats is None:
             stats = ClassGaussians(X.shape[1], ddof=cfg.ddof).update(X, y)
         head = self._model.heads[_TRACK][_HEAD]
-        return held_out_calibration(head, stats, X[held], y[held], method=cfg.novelty,
+        return held_out_calibration(head, stats, X, y, folds=folds, method=cfg.novelty,
                                     previous=self._calibration)
 
     def _task_features(self, samples: Samples, load, raws: list, progress: bool):
@@ -652,7 +660,7 @@ class Learner:
     def predict_set(self, inputs, alpha: float = 0.1, *, progress: bool = False) -> list[list[str]]:
         """The conformal prediction set of each input: the classes whose temperature-scaled
         probability is at least ``1 - q``, best first, with ``q`` the split-conformal quantile
-        of the calibration's held-out records for miscoverage ``alpha``
+        of the calibration's records for miscoverage ``alpha``
         (:meth:`gdacil.calibration.Calibration.prediction_sets`). For a new input exchangeable
         with those records (one of the classes of the learn that calibrated the model), its
         set holds its true class with probability at least ``1 - alpha``. A set may hold
@@ -664,13 +672,13 @@ class Learner:
     @property
     def calibration(self) -> Calibration | None:
         """The open-set calibration (:class:`gdacil.calibration.Calibration`): the records of
-        the latest learns' held-out samples (None: not calibrated)."""
+        the latest learns' samples (None: not calibrated)."""
         return self._calibration
 
     def rejection_threshold(self, rate: float | None = None) -> float:
         """The novelty score below which ``predict(..., reject=True)`` calls an input unknown,
         for a target false-rejection rate ``rate`` (default: the config's ``reject_rate``):
-        the ``floor(rate (n + 1))``-th smallest novelty score of the ``n`` held-out records,
+        the ``floor(rate (n + 1))``-th smallest novelty score of the ``n`` records,
         so that an input of a known class exchangeable with them is rejected with probability
         at most ``rate``. A ``ValueError`` when the model has no calibration or too few records
         for ``rate``."""
@@ -686,11 +694,11 @@ class Learner:
             while math.floor(least * (n + 1)) < 1:
                 least += 0.001
             raise ValueError(
-                f"the model's calibration holds {n} held-out samples, too few for a "
-                f"false-rejection rate of {rate:g} (that takes at least {need}); ask a larger "
-                f"reject_rate (at least {least:.3f}), or learn more samples at once (a share "
-                f"{self.config.calibration_share:g} of each class's samples in a learn is held "
-                "out; the latest learn with enough samples sets the calibration)")
+                f"the model's calibration holds {n} records, too few for a false-rejection "
+                f"rate of {rate:g} (that takes at least {need}); ask a larger reject_rate (at "
+                f"least {least:.3f}), or learn more samples at once (each sample of a learn's "
+                "classes with 3 samples or more is a record; a learn with fewer than "
+                f"{MIN_RECORDS} is joined by the newest records of earlier learns)")
         return threshold
 
     def _calibrated_for(self, what: str) -> Calibration:
@@ -699,8 +707,8 @@ class Learner:
             return self._calibration
         cfg = self.config
         if not cfg.calibration_share:
-            why = "calibration_share is 0, so no learn holds out samples for it"
-            fix = "make a model with calibration_share > 0 (default 0.2)"
+            why = "calibration_share is 0, so no learn calibrates it"
+            fix = f"make a model with calibration_share > 0 (default {CALIBRATION_SHARE:g})"
         elif cfg.statistics.storage != "dense":
             why = (f"its statistics are {cfg.statistics.storage}, from which held-out samples "
                    "cannot be taken out exactly")
@@ -708,8 +716,7 @@ class Learner:
         else:
             why = ("no learn has calibrated it (a model saved before gdacil calibrated, or "
                    "every learn had fewer than 3 samples of each class)")
-            fix = (f"learn more samples (a share {cfg.calibration_share:g} of each class's "
-                   "samples in a learn is held out to calibrate it)")
+            fix = "learn at least 3 samples of a class in one learn"
         raise ValueError(f"{what} needs a calibrated model, and this one has no calibration: "
                          f"{why}; {fix}, or predict without it")
 
