@@ -61,7 +61,7 @@ def test_dataset_registry_and_unknown_name():
         "food101",
         "image-folder",
     } <= set(DATASETS)
-    with pytest.raises(KeyError, match="unknown dataset 'mnist'; known: caltech101"):
+    with pytest.raises(KeyError, match="unknown dataset 'mnist'; known: banking77"):
         build_dataset("mnist")
 
 

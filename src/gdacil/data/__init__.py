@@ -13,6 +13,11 @@ name                     what (and how to get it)
 ``imagenet-r``           image folder (download yourself; see :mod:`gdacil.data.image_folder`);
                          so are ``cub200``, ``cars196``, ``caltech101``, ``flowers102``, ``food101``
 ``image-folder``         any image folder (``root=`` required)
+``banking77``            77 banking intents, official split (convert with
+                         ``scripts/text_tables.py``; see :mod:`gdacil.data.text_table`); so are
+                         ``clinc150`` (150 intents, split), ``hwu64`` (64 intents) and
+                         ``stackoverflow20`` (20 question-title tags)
+``text-table``           any labelled texts in ``train.tsv``/``test.tsv`` or ``all.tsv``
 =======================  ======================================================================
 
 >>> from gdacil.data import Protocol
@@ -44,6 +49,7 @@ from .protocol import (
     TaskSequence,
     split_id,
 )
+from .text_table import TEXT_TABLE_PRESETS, TextTable
 from .wordnet import WordNetHypernyms, WordNetSupersenses, read_wordnet
 
 __all__ = [
@@ -52,6 +58,7 @@ __all__ = [
     "CROSS_DOMAIN_DATASETS",
     "DATASETS",
     "IMAGE_FOLDER_PRESETS",
+    "TEXT_TABLE_PRESETS",
     "DataNotFoundError",
     "Dataset",
     "ExternalAnchors",
@@ -65,6 +72,7 @@ __all__ = [
     "SampleIndex",
     "Task",
     "TaskSequence",
+    "TextTable",
     "WordNetHypernyms",
     "WordNetSupersenses",
     "anchor_pool",
@@ -97,6 +105,9 @@ DATASETS.register("cifar100", CIFAR100)
 DATASETS.register("image-folder", ImageFolder)
 for _name in IMAGE_FOLDER_PRESETS:
     DATASETS.register(_name, partial(ImageFolder, name=_name))
+DATASETS.register("text-table", TextTable)
+for _name in TEXT_TABLE_PRESETS:
+    DATASETS.register(_name, partial(TextTable, name=_name))
 
 
 def build_dataset(name: str, /, **options) -> Dataset:
