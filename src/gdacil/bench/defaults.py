@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from .common import machine_info, markdown_table, output_arguments, refuse_to_overwrite, write_json
-from .featuresets import FEATURE_SETS, SCALINGS
+from .featuresets import DEFAULT_FEATURE_SETS, FEATURE_SETS, SCALINGS
 from .incremental import RUNS_DIR, TASKS, HeadEntry, run_cells
 
 __all__ = ["HEAD_FACTORIES", "head_entries", "main", "render", "run"]
@@ -95,7 +95,8 @@ def margin_rows(payload: dict) -> list[list[str]]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="gdacil bench defaults", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--features", nargs="+", default=list(FEATURE_SETS), choices=FEATURE_SETS)
+    parser.add_argument("--features", nargs="+", default=list(DEFAULT_FEATURE_SETS),
+                        choices=FEATURE_SETS)
     parser.add_argument("--scalings", nargs="+", default=list(SCALINGS), choices=SCALINGS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--heads", nargs="+", default=list(HEAD_FACTORIES), choices=HEAD_FACTORIES)

@@ -10,6 +10,13 @@ the "raw" scaling) and cached; the other two scalings follow from the raw featur
 
 Every seed draws its own class order and its own split of each class's samples into train and
 test (:func:`split`), so seeds differ in data as well as in task composition.
+
+The benchmarks run :data:`DEFAULT_FEATURE_SETS` unless told otherwise: MiniLM on WordNet
+hypernyms and supersenses, EfficientNet-Lite0 on openclipart and Fashion-MNIST, whose data
+Debian packages ship. MiniLM on four public intent and topic sets (``banking77``, ``clinc150``,
+``hwu64``, ``stackoverflow20``: :mod:`gdacil.data.text_table`) is there too; their files come
+from public repositories and are converted first (``python scripts/text_tables.py PRESET SOURCE
+$GDACIL_DATA/PRESET``), then ``--features banking77 ...`` takes them.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import torch
 
 from ..backbones.base import normalize_features
 
-__all__ = ["FEATURE_SETS", "SCALINGS", "FeatureSet", "load_features", "scale_features", "split"]
+__all__ = ["DEFAULT_FEATURE_SETS", "FEATURE_SETS", "SCALINGS", "FeatureSet", "load_features", "scale_features", "split"]
 
 SCALINGS = ("raw", "ln", "l2")
 
@@ -47,7 +54,16 @@ FEATURE_SETS: dict[str, FeatureSet] = {
                               test_fraction=0.3, backbone_options={"size": 160}),
     "fashion-mnist": FeatureSet("fashion-mnist", "efficientnet-lite0", per_class=360,
                                 backbone_options={"size": 96}),
+    # text tables: their data is converted from public repositories first
+    # (scripts/text_tables.py, gdacil.data.text_table)
+    "banking77": FeatureSet("banking77", "minilm", per_class=150),
+    "clinc150": FeatureSet("clinc150", "minilm", per_class=100),
+    "hwu64": FeatureSet("hwu64", "minilm", per_class=150),
+    "stackoverflow20": FeatureSet("stackoverflow20", "minilm", per_class=500),
 }
+
+#: What the benchmarks run by default: the sets whose data installs offline (Debian packages)
+DEFAULT_FEATURE_SETS = ("wordnet-hypernym", "wordnet-supersense", "openclipart", "fashion-mnist")
 
 
 def scale_features(X: torch.Tensor, scaling: str) -> torch.Tensor:

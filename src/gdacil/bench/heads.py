@@ -32,7 +32,7 @@ from .common import (
     refuse_to_overwrite,
     write_report,
 )
-from .featuresets import FEATURE_SETS, SCALINGS
+from .featuresets import DEFAULT_FEATURE_SETS, FEATURE_SETS, SCALINGS
 from .incremental import RUNS_DIR, TASKS, HeadEntry, run_cells
 
 __all__ = ["ANCHORS", "DEFAULT_HEAD", "head_entries", "main", "plot", "render", "run"]
@@ -127,7 +127,8 @@ def plot(payload: dict, path: Path) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="gdacil bench heads", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--features", nargs="+", default=list(FEATURE_SETS), choices=FEATURE_SETS)
+    parser.add_argument("--features", nargs="+", default=list(DEFAULT_FEATURE_SETS),
+                        choices=FEATURE_SETS)
     parser.add_argument("--scalings", nargs="+", default=list(SCALINGS), choices=SCALINGS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     names = list(head_entries())

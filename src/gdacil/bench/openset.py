@@ -63,7 +63,7 @@ from .common import (
     refuse_to_overwrite,
     write_report,
 )
-from .featuresets import FEATURE_SETS, SCALINGS, scale_features, split
+from .featuresets import DEFAULT_FEATURE_SETS, FEATURE_SETS, SCALINGS, scale_features, split
 from .incremental import TASKS, task_classes
 
 __all__ = ["ALPHA", "CALIBRATION_SHARE", "DEFAULT_ANCHORS", "TARGET_RATE", "UNKNOWN_FRACTION",
@@ -498,7 +498,8 @@ def render(payload: dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="gdacil bench openset", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--features", nargs="+", default=list(FEATURE_SETS), choices=FEATURE_SETS)
+    parser.add_argument("--features", nargs="+", default=list(DEFAULT_FEATURE_SETS),
+                        choices=FEATURE_SETS)
     parser.add_argument("--scalings", nargs="+", default=list(SCALINGS), choices=SCALINGS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--skip-anchors", action="store_true",
