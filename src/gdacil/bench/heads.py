@@ -1,8 +1,9 @@
 """gdacil's heads against the analytic heads users would pick instead, class-incremental.
 
-Every head runs with its defaults on the offline feature sets of :mod:`gdacil.bench.featuresets`
-(MiniLM on WordNet hypernyms and supersenses, EfficientNet-Lite0 on openclipart and
-Fashion-MNIST), each in three scalings (raw, non-affine LayerNorm, L2), over seeds, with the
+Every head runs with its defaults on feature sets of :mod:`gdacil.bench.featuresets` (by
+default the four whose data Debian ships: MiniLM on WordNet hypernyms and supersenses,
+EfficientNet-Lite0 on openclipart and Fashion-MNIST; a run's sets are listed below), each in
+three scalings (raw, non-affine LayerNorm, L2), over seeds, with the
 protocol of :mod:`gdacil.bench.incremental`: Last-Acc, Inc-Acc, fit seconds, predictions per
 second and peak memory. The anchors, with their published defaults: RanPAC (random ReLU
 projection to M = 10000, ridge with the penalty chosen per task; ``ranpac_ridge`` is M = 0),
