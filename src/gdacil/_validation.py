@@ -261,6 +261,14 @@ def check_positive_int(value, name: str, *, minimum: int = 1) -> int:
     return int(value)
 
 
+def check_fraction(value, name: str) -> float:
+    """``value`` if it is a number strictly between 0 and 1 (not a bool), else a ``ValueError``
+    naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ValueError(f"{name} must be a number strictly between 0 and 1; got {value!r}")
+    return float(value)
+
+
 def check_seed(value, name: str = "seed") -> int:
     """``value`` if it is an int seed (not a bool), else a ``ValueError`` naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):

@@ -51,6 +51,7 @@ from typing import ClassVar
 
 import torch
 
+from ._validation import check_fraction
 from .state import Stateful
 
 __all__ = [
@@ -276,7 +277,7 @@ class Calibration(Stateful):
     def threshold(self, rate: float = 0.05) -> float:
         """Novelty score below which an input is rejected, for a false-rejection rate of at most
         ``rate`` on inputs exchangeable with the records."""
-        _check_rate(rate, "rate")
+        check_fraction(rate, "rate")
         return lower_quantile(self.novelty_, rate)
 
     def tempered(self, scores: torch.Tensor) -> torch.Tensor:
@@ -291,7 +292,7 @@ class Calibration(Stateful):
 
     def quantile(self, alpha: float = 0.1) -> float:
         """The conformal ``q`` for miscoverage ``alpha``."""
-        _check_rate(alpha, "alpha")
+        check_fraction(alpha, "alpha")
         return conformal_quantile(self.nonconformity_, alpha)
 
     def prediction_sets(self, scores: torch.Tensor, alpha: float = 0.1) -> torch.Tensor:
@@ -322,18 +323,13 @@ class Calibration(Stateful):
         return int(self.labels_.numel())
 
 
-def _check_rate(value: float, name: str) -> None:
-    if not isinstance(value, (int, float)) or not 0.0 < float(value) < 1.0:
-        raise ValueError(f"{name} must lie strictly between 0 and 1; got {value!r}")
-
-
 # ---------------------------------------------------------------------- records of a task
 def calibration_folds(labels: torch.Tensor, share: float, seed: int) -> torch.Tensor:
     """The calibration fold of each of ``labels`` ``(n,)``, ``-1`` for none: each class's samples
     are shuffled (with ``seed``) and dealt in turn over ``K = max(2, round(1 / share))`` folds,
     so every fold holds about a ``share`` of each class; a class takes part only if its largest
     fold leaves it two samples (three samples at least)."""
-    _check_rate(share, "share")
+    check_fraction(share, "share")
     labels = torch.as_tensor(labels, dtype=torch.int64).reshape(-1)
     k = max(2, round(1.0 / share))
     g = torch.Generator().manual_seed(int(seed))

@@ -211,7 +211,7 @@ def test_state_round_trip_and_bad_records():
                           torch.arange(2))
     with pytest.raises(ValueError, match="classes the head lacks"):
         Calibration().fit(torch.zeros(1), torch.tensor([7]), torch.zeros(1, 2), torch.arange(2))
-    with pytest.raises(ValueError, match="rate must lie strictly between 0 and 1"):
+    with pytest.raises(ValueError, match="rate must be a number strictly between 0 and 1"):
         cal.threshold(1.0)
 
 
@@ -230,3 +230,14 @@ def test_previous_records_join_a_small_task_up_to_the_minimum():
     enough = held_out_calibration(LDA().fit(stats), stats, X[second], y[second], previous=old,
                                   min_records=len(second))
     assert torch.equal(enough.novelty_, new.novelty_)  # a task with enough records stands alone
+
+
+@pytest.mark.parametrize("value", [0, 1, 1.0, -0.1, float("nan"), True, "0.1", None])
+def test_rates_shares_and_alphas_lie_strictly_between_0_and_1(value):
+    stats, X, y = make_stats()
+    cal = held_out_calibration(LDA().fit(stats), stats, X, y, folds=calibration_folds(y, 0.5, 0))
+    for check in (cal.threshold, cal.quantile, lambda v: calibration_folds(y, v, 0)):
+        with pytest.raises(ValueError, match=f"must be a number strictly between 0 and 1; got "
+                                             f"{value!r}"):
+            check(value)
+    assert cal.threshold(0.5) == lower_quantile(cal.novelty_, 0.5)  # a valid rate passes

@@ -63,6 +63,7 @@ import numpy as np
 import torch
 
 from .. import __version__
+from .._validation import check_fraction
 from ..calibration import (
     CALIBRATION_SHARE,
     MIN_RECORDS,
@@ -624,7 +625,7 @@ class Learner:
             raise ValueError("the model has learned no classes yet: learn some first")
         threshold = self.rejection_threshold(reject_rate) if reject else None
         if sets is not None:
-            _check_share(sets, "sets (the conformal sets' miscoverage alpha)")
+            check_fraction(sets, "sets (the conformal sets' miscoverage alpha)")
             self._calibrated_for("conformal prediction sets")
         items = [inputs] if _single(inputs) else list(inputs)
         if not items:
@@ -683,7 +684,7 @@ class Learner:
         at most ``rate``. A ``ValueError`` when the model has no calibration or too few records
         for ``rate``."""
         rate = self.config.reject_rate if rate is None else rate
-        _check_share(rate, "reject_rate")
+        check_fraction(rate, "reject_rate")
         calibration = self._calibrated_for("rejection")
         threshold = calibration.threshold(rate)
         if threshold == -math.inf:
@@ -1067,13 +1068,6 @@ def _read_statistics(opened: bundle.OpenedVersion, order: list[int]) -> ClassSta
     rows = {name: torch.cat([tensors[name] for tensors, _ in parts]) for name in parts[0][0]}
     return kind.from_tensors(rows, {k: v for k, v in config.items() if k != "format"},
                              source=str(paths[0].parent))
-
-
-def _check_share(value, name: str) -> float:
-    """``value`` if it is a number strictly between 0 and 1, else a ``ValueError``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-        raise ValueError(f"{name} must be a number strictly between 0 and 1; got {value!r}")
-    return float(value)
 
 
 def _calibrated_top_k(head, X: torch.Tensor, k: int, calibration: Calibration,
