@@ -14,9 +14,11 @@ test (:func:`split`), so seeds differ in data as well as in task composition.
 The benchmarks run :data:`DEFAULT_FEATURE_SETS` unless told otherwise: MiniLM on WordNet
 hypernyms and supersenses, EfficientNet-Lite0 on openclipart and Fashion-MNIST, whose data
 Debian packages ship. MiniLM on four public intent and topic sets (``banking77``, ``clinc150``,
-``hwu64``, ``stackoverflow20``: :mod:`gdacil.data.text_table`) is there too; their files come
-from public repositories and are converted first (``python scripts/text_tables.py PRESET SOURCE
-$GDACIL_DATA/PRESET``), then ``--features banking77 ...`` takes them.
+``hwu64``, ``stackoverflow20``: :mod:`gdacil.data.text_table`) and EfficientNet-Lite0 on
+Caltech-101's 101 object classes (``caltech101``, an image folder without its background class)
+are there too; their files come from public repositories (the text sets converted first:
+``python scripts/text_tables.py PRESET SOURCE $GDACIL_DATA/PRESET``), then ``--features
+banking77 ...`` takes them.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ FEATURE_SETS: dict[str, FeatureSet] = {
     "clinc150": FeatureSet("clinc150", "minilm", per_class=100),
     "hwu64": FeatureSet("hwu64", "minilm", per_class=150),
     "stackoverflow20": FeatureSet("stackoverflow20", "minilm", per_class=500),
+    # image folder of Caltech-101's 101 object classes (no background class)
+    "caltech101": FeatureSet("caltech101", "efficientnet-lite0", per_class=40,
+                             test_fraction=0.3, backbone_options={"size": 160}),
 }
 
 #: What the benchmarks run by default: the sets whose data installs offline (Debian packages)
