@@ -401,14 +401,14 @@ def held_out_calibration(head, stats, X: torch.Tensor, y: torch.Tensor, *,
              else torch.as_tensor(folds, dtype=torch.int64).reshape(-1))
     if folds.shape != y.shape:
         raise ValueError(f"folds: expected one fold per sample ({len(y)}); got {len(folds)}")
-    order = torch.as_tensor(_labels(head.classes_), dtype=torch.int64)
+    order = torch.as_tensor(head.classes_.tolist(), dtype=torch.int64)
     novelty: list[torch.Tensor] = []
     best: list[tuple[torch.Tensor, torch.Tensor]] = []
     kept: list[torch.Tensor] = []
     for fold in folds[folds >= 0].unique().tolist():
         part = torch.nonzero(folds == fold)[:, 0]
         probe = copy.deepcopy(head).fit(without_samples(stats, X[part], y[part]))
-        column = {c: j for j, c in enumerate(_labels(probe.classes_))}
+        column = {c: j for j, c in enumerate(probe.classes_.tolist())}
         # without_samples moved the fold's classes to the end: back to the head's order
         at = torch.tensor([column[c] for c in order.tolist()], dtype=torch.int64)
         novelty.append(probe.score_samples(X[part], method).to(torch.float64).cpu())
@@ -424,7 +424,3 @@ def held_out_calibration(head, stats, X: torch.Tensor, y: torch.Tensor, *,
                              torch.cat([c for _, c in best])[where],
                              previous=previous if len(rows) < min_records else None,
                              max_records=min_records)
-
-
-def _labels(classes) -> list[int]:
-    return [int(c) for c in (classes.tolist() if hasattr(classes, "tolist") else classes)]

@@ -221,6 +221,7 @@ def _gdacil_part(X: torch.Tensor, y: np.ndarray, sp: OpenSetSplit, seed: int,
     rejected = default_known < threshold
     last = torch.from_numpy(np.isin(y[sp.known_test], sp.tasks[-1]))
     sets = cal.prediction_sets(logits, ALPHA)
+    calibrated = cal.calibrated(logits)
     covered = sets[torch.arange(len(cols)), cols]
     evaluate_s = time.perf_counter() - start
     return {
@@ -234,8 +235,8 @@ def _gdacil_part(X: torch.Tensor, y: np.ndarray, sp: OpenSetSplit, seed: int,
                       "known_accuracy": _percent(correct & ~rejected),
                       "known_accuracy_no_rejection": _percent(correct)},
         "ece": {"before": expected_calibration_error(torch.softmax(logits, 1), cols, ECE_BINS),
-                "after": expected_calibration_error(cal.calibrated(logits), cols, ECE_BINS),
-                "floor": ece_floor(cal.calibrated(logits), ECE_BINS),
+                "after": expected_calibration_error(calibrated, cols, ECE_BINS),
+                "floor": ece_floor(calibrated, ECE_BINS),
                 "after_temperature": expected_calibration_error(cal.tempered(logits), cols,
                                                                 ECE_BINS)},
         "temperature": cal.temperature_,

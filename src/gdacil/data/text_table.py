@@ -22,7 +22,6 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..hashing import sha256_sample
 from ..registry import UnknownNameError
 from .base import DataNotFoundError, Dataset, SampleIndex, data_root
 
@@ -188,8 +187,3 @@ class TextTable(Dataset):
         except KeyError as err:
             raise UnknownNameError(f"not a {self.name} sample id: {err.args[0]!r} (expected "
                                    f"'<split>:<line number>' of a sample line)") from None
-
-    def content_hashes(self, ids: Sequence[str]) -> list[str]:
-        """The sha256 of each text's UTF-8 bytes (:func:`gdacil.hashing.sha256_sample`), from
-        the texts in memory."""
-        return [sha256_sample(text) for text in self.load(ids)]
