@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._optional import require
+from .._validation import check_fraction
 from .scheduler import Busy, Expired, PredictionScheduler
 
 __all__ = ["ModelService", "RequestError", "create_app", "serve"]
@@ -462,10 +463,10 @@ def _share(payload: dict, name: str, what: str) -> float | None:
     value = payload.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-        raise RequestError(400, f"'{name}' ({what}) must be a number strictly between 0 and 1; "
-                                f"got {value!r}")
-    return float(value)
+    try:
+        return check_fraction(value, f"'{name}' ({what})")
+    except ValueError as exc:
+        raise RequestError(400, str(exc)) from None
 
 
 def refusal(exc: BaseException) -> RequestError:
