@@ -30,5 +30,5 @@ def isolated_global_seed(seed: int, devices=()):
     """Run code that draws from torch's *global* RNG (e.g. third-party layer initialisation) with
     ``seed``, restoring the global RNG state afterwards so gdacil never leaves a side effect."""
     with torch.random.fork_rng(devices=list(devices)):
-        torch.manual_seed(seed)
+        torch.manual_seed(seed)  # intended: inside fork_rng, restored on exit
         yield
