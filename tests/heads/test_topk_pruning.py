@@ -101,3 +101,14 @@ def test_pruned_top_k_is_exact_when_k_is_every_class():
     X = queries(means, 20, seed=13)
     scores, labels = head.top_k(X, 12, pruned=True, screen_rank=2)
     assert_exact_top_k(head, head._prepare(X), 12, scores, labels)
+
+
+@pytest.mark.parametrize("rank, screened", [(64, 16), (8, 2), (3, 1)])
+def test_default_screening_takes_a_quarter_of_the_rank_and_stays_exact(rank, screened):
+    stats, means = random_classes(20, 72, seed=rank, rank=rank)
+    head = LRRGDA(rank=rank).fit(stats)
+    X = queries(means, 40, seed=rank + 1)
+    scores, labels = head.top_k(X, 3, pruned=True)
+    assert head.last_pruning_["screen_rank"] == screened
+    assert_exact_top_k(head, head._prepare(X), 3, scores, labels)
+    assert torch.equal(labels, head.top_k(X, 3, pruned=True, screen_rank=screened)[1])

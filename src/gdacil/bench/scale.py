@@ -7,13 +7,16 @@ process so peak memory is per cell:
   and are added to :class:`~gdacil.LowRankGaussians` (validated, then compressed to their exact
   top-q eigenpairs in ``decomposition_dtype``; the dense blocks are discarded), then the LR-RGDA
   head is built from the stored eigenpairs. ``compress_s + fit_s`` is what a model of ``C``
-  classes costs to build. With ``processes > 1`` the worker processes of
-  :func:`~gdacil.stats.lowrank.build_in_processes` draw the synthetic covariances too, so
-  ``compress_s`` includes drawing them; in one process that is timed apart (``generate_s``).
+  classes costs to build. Drawing the synthetic covariances is timed apart (``generate_s``):
+  with ``processes > 1`` the worker processes of
+  :func:`~gdacil.stats.lowrank.build_in_processes` draw their own classes, in parallel and
+  the same number each, so ``compress_s`` is the build's wall time less their mean drawing
+  time; ``build_wall_s`` is the wall time with drawing.
   Where the time goes is measured per class on the first block: validation (finite, symmetric),
   the decomposition, and the re-orthonormalisation of float32 eigenvectors.
 - **against a float64 build** (for ``C`` in ``reference_classes``): the same classes compressed
-  in float64, the head refitted, and the dense top-k decisions of both heads compared.
+  in float64, the head refitted, and the dense top-k decisions of both heads compared; this
+  runs last, once the float32 model is freed, and its peak RSS is reported apart.
 - **incremental**: ``added`` new classes are compressed and the head refitted; only the terms
   that depend on ``B`` (which moves with ``Sigma_avg``) are recomputed for the old classes.
 - **memory**: statistics and head as reported by ``memory_report()``, the process's peak RSS,
@@ -36,6 +39,7 @@ features; queries are drawn from the classes' own distributions.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -77,7 +81,7 @@ class ScaleBenchConfig:
     added: int = 100
     queries: int = 1024
     topk: int = 5
-    screen_rank: int = 8
+    screen_rank: int | str = "auto"   # "auto": the head's default (a quarter of r)
     screen_dtypes: tuple[str, ...] = ("auto", "float32")
     stats_dtype: str = "float32"
     decomposition_dtype: str = "float32"
@@ -148,13 +152,19 @@ def _compress(stats, moments: SyntheticMoments, labels: list[int], block: int
 
 class SyntheticMoments:
     """``(means, covariances, counts)`` of a block of synthetic classes (picklable, for
-    :func:`~gdacil.stats.lowrank.build_in_processes`)."""
+    :func:`~gdacil.stats.lowrank.build_in_processes`). With ``clock_dir``, each process that
+    calls it keeps the seconds it has spent drawing in ``clock_dir/<pid>``, so the build's
+    time can be told apart from drawing its inputs."""
 
-    def __init__(self, cfg: ScaleBenchConfig):
-        self.cfg = cfg
+    def __init__(self, cfg: ScaleBenchConfig, clock_dir: str | None = None):
+        self.cfg, self.clock_dir, self.seconds = cfg, clock_dir, 0.0
 
     def __call__(self, labels: list[int]):
+        start = time.perf_counter()
         means, covs = SyntheticClasses(self.cfg).moments(labels)
+        self.seconds += time.perf_counter() - start
+        if self.clock_dir is not None:
+            Path(self.clock_dir, str(os.getpid())).write_text(repr(self.seconds))
         return means, covs, torch.full((len(labels),), 1000.0)
 
 
@@ -164,19 +174,28 @@ def _params(cfg: ScaleBenchConfig, decomposition_dtype: str) -> dict:
 
 
 def _build(cfg: ScaleBenchConfig, C: int, decomposition_dtype: str):
-    """``(statistics, seconds generating, seconds building)`` of classes ``0 .. C - 1``. With
-    several processes the workers generate their own classes: generation is then part of the
-    build's seconds (``None`` for its own)."""
+    """``(statistics, seconds generating, seconds building, wall seconds)`` of classes
+    ``0 .. C - 1``. With several processes the workers draw their own classes, in parallel with
+    the same share each: generating is then the mean of their drawing seconds, and building the
+    wall time less that."""
+    import tempfile
+
     from ..stats.lowrank import LowRankGaussians, build_in_processes
 
     params = _params(cfg, decomposition_dtype)
+    start = time.perf_counter()
     if cfg.processes == 1:
         stats = LowRankGaussians(**params)
-        return (stats, *_compress(stats, SyntheticMoments(cfg), list(range(C)), cfg.block))
-    start = time.perf_counter()
-    stats = build_in_processes(SyntheticMoments(cfg), range(C), processes=cfg.processes,
-                               block=cfg.block, **params)
-    return stats, None, time.perf_counter() - start
+        generate_s, compress_s = _compress(stats, SyntheticMoments(cfg), list(range(C)),
+                                           cfg.block)
+        return stats, generate_s, compress_s, time.perf_counter() - start
+    with tempfile.TemporaryDirectory(prefix="gdacil-scale-clock-") as clock_dir:
+        stats = build_in_processes(SyntheticMoments(cfg, clock_dir), range(C),
+                                   processes=cfg.processes, block=cfg.block, **params)
+        wall_s = time.perf_counter() - start
+        drawn = [float(f.read_text()) for f in Path(clock_dir).iterdir()]
+    generate_s = sum(drawn) / len(drawn)
+    return stats, generate_s, wall_s - generate_s, wall_s
 
 
 def build_breakdown(classes: SyntheticClasses, labels: list[int], cfg: ScaleBenchConfig) -> dict:
@@ -197,9 +216,9 @@ def build_breakdown(classes: SyntheticClasses, labels: list[int], cfg: ScaleBenc
     return out
 
 
-def _decisions_against(head, reference, X, k: int) -> dict:
-    """How far ``head``'s dense top-``k`` lists are from ``reference``'s on ``X``."""
-    scores, labels = head.top_k(X, k, pruned=False)
+def _decisions_against(scores, labels, reference, X, k: int) -> dict:
+    """How far dense top-``k`` lists ``(scores, labels)`` of ``X`` are from ``reference``'s."""
+    scores, labels = scores[:, :k], labels[:, :k]
     ref_scores, ref_labels = reference.top_k(X, k, pruned=False)
     differ = labels != ref_labels
     gap = (ref_scores - scores).abs()[differ]
@@ -218,14 +237,14 @@ def measure(C: int, cfg: ScaleBenchConfig) -> dict:
     from ..heads import LRRGDA
 
     classes = SyntheticClasses(cfg)
-    stats, generate_s, compress_s = _build(cfg, C, cfg.decomposition_dtype)
+    stats, generate_s, compress_s, wall_s = _build(cfg, C, cfg.decomposition_dtype)
     head = LRRGDA(rank=cfg.rank, dtype=torch.float32)
     start = time.perf_counter()
     head.fit(stats)
     fit_s = time.perf_counter() - start
     row: dict[str, Any]
     row = {"classes": C, "generate_s": generate_s, "compress_s": compress_s, "fit_s": fit_s,
-           "build_s": compress_s + fit_s,
+           "build_s": compress_s + fit_s, "build_wall_s": wall_s + fit_s,
            "per_class_s": build_breakdown(classes, list(range(min(C, cfg.block))), cfg),
            "stats_bytes": stats.memory_report()["total"],
            "head_bytes": head.memory_report()["total"]}
@@ -237,11 +256,6 @@ def measure(C: int, cfg: ScaleBenchConfig) -> dict:
     dense_scores, dense_labels = head.top_k(X, cfg.topk, pruned=False)
     row["dense_throughput"] = cfg.queries / dense_s
     row["top1_accuracy"] = float((dense_labels[:, 0] == truth).double().mean())
-    if C in cfg.reference_classes and cfg.decomposition_dtype != "float64":
-        reference, _, row["reference_compress_s"] = _build(cfg, C, "float64")
-        reference = LRRGDA(rank=cfg.rank, dtype=torch.float32).fit(reference)
-        row["against_float64"] = _decisions_against(head, reference, X, cfg.topk)
-        del reference
     screenings = dict.fromkeys(head._screen_dtype(s) for s in cfg.screen_dtypes)  # resolved, unique
     row["pruned"] = [_pruned(head, X, k, cfg.screen_rank, screen, dense_s, dense_scores,
                              dense_labels)
@@ -269,6 +283,16 @@ def measure(C: int, cfg: ScaleBenchConfig) -> dict:
     d = cfg.dim
     row["peer_dense_fp32_bytes"] = C * d * d * 4
     row["fecam_bytes"] = 3 * C * d * d * 8
+    if C in cfg.reference_classes and cfg.decomposition_dtype != "float64":
+        # the check is not part of the model: the float32 model goes first, so the process
+        # holds one build at a time and its peak stays the larger of the two, not their sum
+        del head, stats
+        gc.collect()
+        reference, _, row["reference_compress_s"], _ = _build(cfg, C, "float64")
+        reference = LRRGDA(rank=cfg.rank, dtype=torch.float32).fit(reference)
+        row["against_float64"] = _decisions_against(dense_scores, dense_labels, reference, X,
+                                                    cfg.topk)
+        row["reference_peak_rss_bytes"] = _peak_rss()
     return row
 
 
@@ -332,34 +356,41 @@ def render(payload: dict, command: str) -> str:
         "# Scale benchmark: LR-RGDA with many classes", "",
         f"d = {cfg['dim']}, head rank r = {cfg['rank']}, statistics rank q = {cfg['rank']} "
         f"({cfg['stats_dtype']} eigenvectors), float32 head; {cfg['queries']} queries, top-"
-        f"{cfg['topk']}, screening rank {cfg['screen_rank']}. Machine: {m['processor']}, "
+        f"{cfg['topk']}, screening rank {_screen_rank(cfg)}. Machine: {m['processor']}, "
         f"{m['cpu_count']} CPUs, torch {m['torch']} with {m['torch_threads']} threads "
         f"(OMP_WAIT_POLICY {payload.get('omp_wait_policy', '(default)')}); load "
         f"average at the end {payload['load_average'][0]:.1f}.", "",
         f"Regenerate: `{command}`.", "",
         "## Memory (GB)", "",
         markdown_table(
-            ["C", "statistics", "LR-RGDA head", "process peak RSS", "peers: dense fp32 cov.",
-             "FeCAM: 3 float64 copies"],
+            ["C", "statistics", "LR-RGDA head", "process peak RSS",
+             "peak with the float64 check", "peers: dense fp32 cov.", "FeCAM: 3 float64 copies"],
             [[r["classes"], f"{r['stats_bytes'] / gb:.2f}", f"{r['head_bytes'] / gb:.2f}",
-              f"{r['peak_rss_bytes'] / gb:.2f}", f"{r['peer_dense_fp32_bytes'] / gb:.1f}",
+              f"{r['peak_rss_bytes'] / gb:.2f}",
+              f"{r['reference_peak_rss_bytes'] / gb:.2f}" if "reference_peak_rss_bytes" in r
+              else "", f"{r['peer_dense_fp32_bytes'] / gb:.1f}",
               f"{r['fecam_bytes'] / gb:.1f}"] for r in ok]),
+        "Process peak RSS: building, fitting, scoring and adding classes. The float64 check "
+        "(below) runs after the float32 model is freed; its column is the cell's peak with it.",
+        "",
         "## Build and incremental build (s)", "",
         f"Compression: validation, then exact top-{cfg['rank']} eigenpairs in "
         f"{cfg.get('decomposition_dtype', 'float64')} (LAPACK tridiagonalisation; the smallest "
         "eigenvalue checks positive semi-definiteness), "
         + (f"in {cfg['processes']} worker processes (`gdacil.stats.lowrank.build_in_processes`), "
-           "which also draw the synthetic covariances: the compress column includes drawing "
-           "them" if cfg.get("processes", 1) > 1 else
-           "in this process; drawing the synthetic covariances is not part of the build (last "
-           "column)") + ".", "",
+           "which also draw the synthetic covariances, in parallel and the same number each: "
+           "compress is the wall time less their mean drawing time (generating), and the last "
+           "column the build's wall time with it" if cfg.get("processes", 1) > 1 else
+           "in this process; drawing the synthetic covariances is not part of the build "
+           "(generating)") + ".", "",
         markdown_table(
             ["C", "compress", "head fit", "build from scratch", f"add {cfg['added']}: compress",
-             "refit", "incremental / scratch", "decomposed on refit", "generating covariances"],
+             "refit", "incremental / scratch", "decomposed on refit", "generating covariances",
+             "build with generating"],
             [[r["classes"], f"{r['compress_s']:.1f}", f"{r['fit_s']:.1f}", f"{r['build_s']:.1f}",
               f"{r['add_compress_s']:.2f}", f"{r['refit_s']:.1f}",
               f"{100 * r['incremental_ratio']:.1f}%", r["decomposed_on_refit"],
-              _seconds(r.get("generate_s"))] for r in ok]),
+              _seconds(r.get("generate_s")), _seconds(r.get("build_wall_s"))] for r in ok]),
         *_breakdown_section(ok),
         *_reference_section(ok, cfg),
         "## Inference (samples/s)", "",
@@ -400,6 +431,14 @@ def render(payload: dict, command: str) -> str:
     if errors:
         lines += ["## Failed cells", ""] + [f"- C = {r['classes']}: {r['error']}" for r in errors]
     return "\n".join(lines) + "\n"
+
+
+def _screen_rank(cfg: dict) -> str:
+    from ..heads.lowrank import SCREEN_SHARE
+
+    if cfg["screen_rank"] != "auto":
+        return str(cfg["screen_rank"])
+    return f"{max(1, round(SCREEN_SHARE * cfg['rank']))} (the default, a quarter of r)"
 
 
 #: Class counts projected from the largest measured cell, and the memory a rank may hold

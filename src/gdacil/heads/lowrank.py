@@ -71,6 +71,10 @@ AUTO_VERDICT_CALLS = 32
 #: while on small heads the screening costs more than it saves (0.1-0.3x dense at 60-120
 #: classes); smaller heads score densely
 AUTO_MIN_CLASSES = 1000
+#: ``top_k(screen_rank="auto")``: the share of a head's rank that the screening computes for
+#: every class (16 of 64 rows: the fastest exact argmax of ``gdacil bench scale`` at 2,000
+#: classes under the default regularisation, in bfloat16 and in float32 screening)
+SCREEN_SHARE = 0.25
 #: Classes (of those with candidate pairs) per batched GEMM when the pruned top-k scores its pairs
 _RESCORE_CLASSES = 16
 #: ... scored against every sample (one plain GEMM, no gather) when one of them needs at least
@@ -414,7 +418,7 @@ class LRRGDA(GaussianHead):
         return super().predict(X)
 
     # ------------------------------------------------------- pruned inference
-    def top_k(self, X, k: int = 5, *, proba: bool = False, pruned="auto", screen_rank: int = 8,
+    def top_k(self, X, k: int = 5, *, proba: bool = False, pruned="auto", screen_rank="auto",
               screen_dtype="auto", sample_batch: int = 2048):
         """The ``k`` best classes of every sample and their scores, exactly as the dense scores rank them.
 
@@ -459,10 +463,13 @@ class LRRGDA(GaussianHead):
             ``benchmarks/scale.md``). The pilot's verdict holds for the next
             ``AUTO_VERDICT_CALLS`` calls with the same ``k`` and screening (until the next
             ``fit``), which then run no pilot. Either way the result is exact.
-        screen_rank : int, default 8
-            Quadratic rows per class in the screening pass. On ``gdacil bench scale``'s 2,000
-            classes the pruned argmax ran at 1.4-1.7x dense with 8 (1.3-1.7x with 4) under the
-            default regularisation, and at 4.0x (2.6x) under the LR-RGDA paper's.
+        screen_rank : int or "auto", default "auto"
+            Quadratic rows per class in the screening pass; "auto" takes a quarter of the
+            head's rank (``SCREEN_SHARE``; 16 of 64). On ``gdacil bench scale``'s 2,000 classes
+            under the default regularisation the pruned argmax ran at 3.1x dense with 16 rows
+            screened in bfloat16 (2.0x with 8) and at 2.0x in float32 (1.6x with 8): with
+            fewer rows the bound ``kappa_{c,j+1}`` is too loose to drop most classes, with more
+            the screening itself costs more than it saves.
         screen_dtype : "auto", torch.dtype or str, default "auto"
             Precision of the screening's quadratic rows: the head's dtype, or on CPU a lower one
             (``float32`` under a float64 head, ``bfloat16`` under a float32 head). "auto" picks
@@ -492,6 +499,8 @@ class LRRGDA(GaussianHead):
         C, rows_per_class, _ = self.rows_.shape
         if k > C:
             raise ValueError(f"k = {k} exceeds the number of classes ({C})")
+        if isinstance(screen_rank, str) and screen_rank == "auto":
+            screen_rank = max(1, round(SCREEN_SHARE * (rows_per_class - 1)))
         j = min(check_positive_int(screen_rank, "screen_rank", minimum=0), rows_per_class - 1)
         screen = self._screen_dtype(screen_dtype) if j else self.dtype_
         if pruned not in ("auto", True, False):
