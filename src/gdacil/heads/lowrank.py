@@ -648,8 +648,11 @@ class LRRGDA(GaussianHead):
             b = min(C, a + block)
             score = lin[:, a:b]
             if j:
-                Q = (Xs @ screen["quad"][a:b].reshape(-1, d).T).view(n, b - a, j).to(X.dtype)
-                half_sq = torch.linalg.vecdot(Q, Q.add_(screen["quad_bias"][a:b])).mul_(0.5)
+                G = (Xs @ screen["quad"][a:b].reshape(-1, d).T).view(n, b - a, j)
+                bias = screen["quad_bias"][a:b]
+                # lowered: one pass widens G exactly to the head's dtype and adds the bias
+                Q = torch.add(G, bias) if lowered else G.add_(bias)
+                half_sq = torch.linalg.vecdot(Q, Q).mul_(0.5)
                 score = half_sq + score                       # lin + 1/2 ||A_c[:j] (x - mu_c)||^2
             distance = _mahalanobis(sq_norm, lin[:, a:b], offset[a:b])
             torch.addcmul(score, half_kappa[a:b], distance, out=upper[:, a:b])
