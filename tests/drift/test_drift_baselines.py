@@ -116,7 +116,7 @@ def test_sdc_is_hopdc_at_the_mean_with_tau_sigma_squared():
     old = random_anchors()
     new = old + torch.cos(old)
     sdc = SDC(sigma=0.4).fit(old, new)
-    hop = HopDC(tau=0.16, topk=None, dtype="float64").fit(old, new)
+    hop = HopDC(tau=0.16, topk=None, dtype="float64", linear=False).fit(old, new)
     torch.testing.assert_close(sdc.drift_at(stats.means), hop.drift_at(stats.means))
 
 
@@ -261,12 +261,16 @@ def test_registry_and_config_round_trip():
 # ------------------------------------------------------------------------------ bad input
 
 FITTABLE = [
-    Identity(), HopDC(topk=5, n_samples=20), SDC(), LinearSLDC(),
-    WeakNonlinearSLDC(steps=2, n_samples=20),
+    Identity(), HopDC(topk=5, n_samples=20), HopDC(topk=5, n_samples=20, linear=True), SDC(),
+    LinearSLDC(), WeakNonlinearSLDC(steps=2, n_samples=20),
 ]
 
 
-@pytest.mark.parametrize("comp", FITTABLE, ids=lambda c: c.name)
+def _comp_id(comp) -> str:
+    return comp.name + ("_linear" if getattr(comp, "linear", False) else "")
+
+
+@pytest.mark.parametrize("comp", FITTABLE, ids=_comp_id)
 def test_bad_anchor_sets_are_clear_errors(comp):
     old = random_anchors(n=50)
     with pytest.raises(ValueError, match="same anchors"):
@@ -285,7 +289,7 @@ def test_bad_anchor_sets_are_clear_errors(comp):
         comp.fit(old[0], old[0])
 
 
-@pytest.mark.parametrize("comp", FITTABLE, ids=lambda c: c.name)
+@pytest.mark.parametrize("comp", FITTABLE, ids=_comp_id)
 def test_bad_statistics_and_order_are_clear_errors(comp):
     comp = type(comp)(**{k: v for k, v in comp.get_config().items() if k != "name"})
     stats, _, _ = stats_and_samples()
@@ -323,6 +327,7 @@ def test_zero_norm_anchors_are_rejected_where_normalised(cls):
     ({"damping": 1.5}, "damping"),
     ({"dtype": "float16"}, "dtype"),
     ({"seed": None}, "seed must be an int or a torch.Generator"),
+    ({"linear": "yes"}, "linear must be True or False"),
     ({"seed": 1.5}, "seed"),
 ])
 def test_hopdc_bad_parameters(params, match):

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gdacil import ClassGaussians
-from gdacil.drift import SDC, HopDC, Identity, drift_report
+from gdacil.drift import SDC, HopDC, Identity, LinearSLDC, drift_report
 from gdacil.drift import attention as attention_module
 from gdacil.drift.pseudo import resample_moments
 from gdacil.drift.synthetic import sphere_drift_problem
@@ -57,7 +57,7 @@ def anchors(n=200, d=6, seed=1, offset=3.0):
 def test_drift_at_matches_dense_reference(topk, tau):
     old, new = anchors()
     Z = torch.randn(33, 6, generator=gen(2), dtype=D) + 3.0
-    hop = HopDC(tau=tau, topk=topk, dtype="float64", chunk_size=8).fit(old, new)
+    hop = HopDC(tau=tau, topk=topk, dtype="float64", chunk_size=8, linear=False).fit(old, new)
     torch.testing.assert_close(hop.drift_at(Z), dense_drift(Z, old, new, tau, topk),
                                rtol=1e-12, atol=1e-12)
     p = hop.attention(Z)
@@ -84,7 +84,7 @@ def test_tau_to_zero_is_nearest_anchor_drift():
     assert Z.shape[0] >= 40
     nearest = (unit(Z) @ unit(old).T).argmax(dim=1)
     for topk in (None, 5):
-        hop = HopDC(tau=1e-7, topk=topk, dtype="float64").fit(old, new)
+        hop = HopDC(tau=1e-7, topk=topk, dtype="float64", linear=False).fit(old, new)
         torch.testing.assert_close(hop.drift_at(Z), (new - old)[nearest], rtol=0, atol=1e-12)
 
     # the whole transform, too: identical to pushing the same pseudo-samples by their
@@ -95,7 +95,8 @@ def test_tau_to_zero_is_nearest_anchor_drift():
         return Z + (new - old)[(unit(Z) @ unit(old).T).argmax(dim=1)]
 
     for preset, matched in (("recommended", True), ("paper", False)):
-        hop = HopDC.from_preset(preset, tau=1e-7, topk=5, n_samples=300, dtype="float64", seed=9)
+        hop = HopDC.from_preset(preset, tau=1e-7, topk=5, n_samples=300, dtype="float64", seed=9,
+                               linear=False)
         out = hop.fit(old, new).transform(stats)
         ref = resample_moments(stats, stats.classes, nearest_push, n_samples=300,
                                generator=gen(9), match_moments=matched)
@@ -149,7 +150,7 @@ def test_error_bounds_of_proposition_2(seed, n, d, tau, topk, lip):
 
     keys = unit(torch.randn(n, d, generator=g, dtype=D))
     z = unit(torch.randn(16, d, generator=g, dtype=D))
-    hop = HopDC(tau=tau, topk=topk, dtype="float64").fit(keys, keys + delta(keys))
+    hop = HopDC(tau=tau, topk=topk, dtype="float64", linear=False).fit(keys, keys + delta(keys))
     err = (hop.drift_at(z) - delta(z)).norm(dim=1)
     p = hop.attention(z)
     dist = torch.cdist(z, keys)
@@ -171,7 +172,8 @@ def test_error_bounds_of_proposition_2(seed, n, d, tau, topk, lip):
 def test_transform_matches_bruteforce_pipeline(preset, matched):
     old, new = anchors()
     stats = small_stats()
-    hop = HopDC.from_preset(preset, tau=0.1, topk=25, n_samples=200, dtype="float64", seed=3)
+    hop = HopDC.from_preset(preset, tau=0.1, topk=25, n_samples=200, dtype="float64", seed=3,
+                           linear=False)
     hop.fit(old, new)
     assert hop.match_moments_ is matched
     ref = resample_moments(
@@ -189,7 +191,7 @@ def test_constant_drift_is_reproduced_exactly_with_matched_moments():
     shift = torch.linspace(-1, 2, 6, dtype=D)
     stats = small_stats()
     for shared in (True, False):
-        hop = HopDC(n_samples=50, topk=30, match_moments=True, shared_noise=shared,
+        hop = HopDC(n_samples=50, topk=30, match_moments=True, shared_noise=shared, linear=False,
                     dtype="float64")
         out = hop.fit(old, old + shift).transform(stats)
         torch.testing.assert_close(out.means, stats.means + shift, rtol=1e-12, atol=1e-12)
@@ -251,13 +253,13 @@ def test_same_seed_is_bit_identical_and_seeds_matter():
     assert not torch.equal(hop.transform(stats).means, hop.transform(stats).means)
 
 
-def test_presets_follow_the_paper_except_for_moment_matching():
+def test_presets_follow_the_paper_except_for_moment_matching_and_the_linear_part():
     paper, recommended = HopDC.paper(), HopDC.recommended()
     assert (paper.tau, paper.topk, paper.n_samples, paper.damping) == (0.05, 400, 2000, 0.0)
     assert paper.match_moments is False and recommended.match_moments == "auto"
     assert recommended.get_config() == HopDC().get_config()     # the constructor's defaults
     differ = {k for k, v in paper.get_config().items() if recommended.get_config()[k] != v}
-    assert differ == {"match_moments"}
+    assert differ == {"match_moments", "linear"}
     assert HopDC.paper(tau=0.1).tau == 0.1 and HopDC.paper(tau=0.1).match_moments is False
 
 
@@ -275,3 +277,48 @@ def test_beats_identity_and_sdc_on_a_smooth_nonlinear_drift(seed):
     assert hop["cov_error"] < 0.7 * sdc["cov_error"]
     assert hop["w2"] < 0.8 * sdc["w2"] < 0.8 * ident["w2"]
     assert hop["gain"]["mean_error"] > 0.75 and hop["gain"]["cov_error"] > 0.3
+
+
+# ---------------------------------------------------------------------- linear part
+
+
+def test_linear_part_retrieves_the_residual_of_alpha1_sldc():
+    old, new = anchors()
+    hop = HopDC(topk=30, dtype="float64").fit(old, new)          # linear=True by default
+    W = LinearSLDC().fit(old, new).W_
+    torch.testing.assert_close(hop.linear_map_, W, rtol=0, atol=1e-12)
+    torch.testing.assert_close(hop.values_, new - old @ W, rtol=0, atol=1e-12)
+    stats = small_stats()
+    out = HopDC(topk=30, dtype="float64", n_samples=50, match_moments=True).fit(old, new)
+    out = out.transform(stats)
+    # the same pseudo-samples pushed by hand: z W + the retrieved residual drift
+    ref = resample_moments(stats, list(range(4)), lambda Z: Z @ W + hop.drift_at(Z),
+                           n_samples=50, generator=gen(0), shared_noise=True, match_moments=True,
+                           jitter=0.0, damping=0.0, class_batch=8)
+    torch.testing.assert_close(out.means, ref.means, rtol=0, atol=1e-10)
+    torch.testing.assert_close(out.covariances(), ref.covariances(), rtol=0, atol=1e-10)
+
+
+def test_linear_part_carries_a_rotation_to_classes_far_from_the_anchors():
+    g = gen(3)
+    Q = torch.linalg.qr(torch.randn(6, 6, generator=g, dtype=D)).Q
+    old = torch.randn(400, 6, generator=g, dtype=D)
+    new = old @ Q                                   # a rotation: linear, norms kept
+    far = small_stats(offset=6.0)                   # classes well outside the anchors
+    truth_means = far.means @ Q
+    errors = {}
+    for linear in (False, True):
+        out = HopDC(topk=30, n_samples=50, linear=linear).fit(old, new).transform(far)
+        errors[linear] = float((out.means - truth_means).norm())
+    assert errors[True] < 0.1 * errors[False], errors
+
+
+def test_linear_part_round_trips_through_the_state():
+    old, new = anchors()
+    hop = HopDC(topk=30, n_samples=50, linear=True).fit(old, new)
+    tensors, meta = hop.state_dict()
+    assert "linear_map_" in tensors
+    again = HopDC(topk=30, n_samples=50, linear=True).load_state_dict(tensors, meta)
+    stats = small_stats()
+    assert torch.equal(again.transform(stats).means, hop.transform(stats).means)
+    assert "linear_map_" not in HopDC(topk=30, linear=False).fit(old, new).state_dict()[0]
