@@ -653,7 +653,7 @@ def test_predict_of_many_classes_takes_the_pruned_argmax(monkeypatch):
     import gdacil.heads.lowrank as lowrank
 
     stats, queries = pruning_problem(4.0)
-    head = LRRGDA(rank=16).fit(stats)   # more rows than the default screening (8)
+    head = LRRGDA(rank=16).fit(stats)   # more rows than the default screening (4)
     dense = head.decision_function(queries).argmax(1)
     monkeypatch.setattr(lowrank, "AUTO_MIN_CLASSES", 10)  # 40 classes count as many
     head.__dict__.pop("last_pruning_", None)
@@ -663,6 +663,22 @@ def test_predict_of_many_classes_takes_the_pruned_argmax(monkeypatch):
     head.__dict__.pop("last_pruning_", None)
     assert torch.equal(head.predict(queries), head.classes_[dense])
     assert not hasattr(head, "last_pruning_")  # dense, through decision_function
+
+
+def test_auto_pruning_is_for_the_cpu(monkeypatch):
+    """A GPU scores every class faster than it gathers the screened pairs: there "auto" and
+    predict score densely (the rule alone: no CUDA call is made)."""
+    import gdacil.heads.lowrank as lowrank
+
+    stats, _ = pruning_problem(4.0)
+    head = LRRGDA(rank=16).fit(stats)
+    monkeypatch.setattr(lowrank, "AUTO_MIN_CLASSES", 10)
+    assert head._auto_prunes()
+    monkeypatch.setattr(head, "device_", torch.device("cuda"))
+    assert not head._auto_prunes()
+    monkeypatch.setattr(lowrank, "AUTO_MIN_CLASSES", 1000)
+    monkeypatch.setattr(head, "device_", torch.device("cpu"))
+    assert not head._auto_prunes()
 
 
 def test_auto_top_k_of_a_small_head_scores_densely():
