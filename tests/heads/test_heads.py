@@ -681,6 +681,20 @@ def test_auto_pruning_is_for_the_cpu(monkeypatch):
     assert not head._auto_prunes()
 
 
+def test_scoring_blocks_are_larger_on_a_gpu(monkeypatch):
+    """On the CPU a block's (samples, classes, rows) buffer stays within the cache budget; on a
+    GPU blocks are 32 times larger, since there each costs kernel launches, not cache misses."""
+    import gdacil.heads.base as base
+
+    stats, _ = pruning_problem(4.0)
+    head = LRRGDA(rank=16).fit(stats)
+    cpu = head._block_size(17, 1024)
+    assert cpu * 1024 * 17 * 8 <= base._SCORE_BUFFER_BYTES
+    monkeypatch.setattr(head, "device_", torch.device("cuda"))
+    gpu = head._block_size(17, 1024)
+    assert gpu * 1024 * 17 * 8 <= base._GPU_SCORE_BUFFER_BYTES and gpu >= 30 * cpu
+
+
 def test_auto_top_k_of_a_small_head_scores_densely():
     """Below AUTO_MIN_CLASSES the screening costs more than it saves: "auto" is dense, exact,
     and says so; pruned=True still prunes."""

@@ -56,6 +56,8 @@ PRIORS_SUM_TOL = 1e-5
 # cache: the squared-norm pass then reads it from cache, and the GEMM runs near peak (see
 # benchmarks/speed.md). Building works on covariances and may use larger blocks.
 _SCORE_BUFFER_BYTES = 8 * 2**20
+# On a GPU each block costs a few kernel launches, not cache misses: larger blocks
+_GPU_SCORE_BUFFER_BYTES = 256 * 2**20
 _BUILD_BUFFER_BYTES = 64 * 2**20
 
 
@@ -284,7 +286,8 @@ class GaussianHead(Params, Presets, Stateful, ABC):
         if n_samples is None:
             return max(1, _BUILD_BUFFER_BYTES // (1024 * n_rows_per_class * 8))
         itemsize = self.dtype_.itemsize
-        block = max(1, _SCORE_BUFFER_BYTES // (n_samples * n_rows_per_class * max(itemsize, 4)))
+        budget = _SCORE_BUFFER_BYTES if self.device_.type == "cpu" else _GPU_SCORE_BUFFER_BYTES
+        block = max(1, budget // (n_samples * n_rows_per_class * max(itemsize, 4)))
         # GEMM kernels slow down by a third on odd column counts (31 x 65 rows against 32 x 65)
         return block - block % 8 if block >= 8 else block
 
