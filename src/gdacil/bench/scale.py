@@ -434,11 +434,11 @@ def render(payload: dict, command: str) -> str:
 
 
 def _screen_rank(cfg: dict) -> str:
-    from ..heads.lowrank import SCREEN_SHARE
+    from ..heads.lowrank import default_screen_rank
 
     if cfg["screen_rank"] != "auto":
         return str(cfg["screen_rank"])
-    return f"{max(1, round(SCREEN_SHARE * cfg['rank']))} (the default, a quarter of r)"
+    return f"{default_screen_rank(cfg['rank'])} (the default, a quarter of r)"
 
 
 #: Class counts projected from the largest measured cell, and the memory a rank may hold

@@ -1,7 +1,7 @@
 """CIFAR-100 from its standard "python version" files, read with a restricted unpickler.
 
-The files (``cifar-100-python/{train,test,meta}``) are Python pickles, and an ordinary
-``pickle.load`` on a downloaded file can run arbitrary code. :func:`read_cifar_pickle` therefore
+The files (``cifar-100-python/{train,test,meta}``) are Python pickles, and unpickling a
+downloaded file the ordinary way can run arbitrary code. :func:`read_cifar_pickle` therefore
 uses an :class:`pickle.Unpickler` whose ``find_class`` admits only the four globals these files
 reference, each replaced by an inert stand-in written here:
 

@@ -210,7 +210,7 @@ class HopDC(PseudoSampling, Compensator):
             sldc = LinearSLDC()
             sldc.fit(old, new)
             self.linear_map_ = sldc.W_.contiguous()
-            old = old.to(torch.float64) @ self.linear_map_
+            old = sldc.map_points(old)
         self.values_ = (new - old).to(dtype)
 
     # ------------------------------------------------------------------ retrieval
@@ -244,8 +244,9 @@ class HopDC(PseudoSampling, Compensator):
     # ------------------------------------------------------------------ statistics
     def _transform(self, stats, labels):
         W = self.__dict__.get("linear_map_")
+        W = None if W is None else W.to(stats.device)
 
         def push(Z: torch.Tensor) -> torch.Tensor:
-            return (Z if W is None else Z @ W.to(Z.device)) + self.drift_at(Z)
+            return (Z if W is None else Z @ W) + self.drift_at(Z)
 
         return self._resample(stats, labels, push, damping=self.damping)

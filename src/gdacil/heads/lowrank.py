@@ -75,6 +75,12 @@ AUTO_MIN_CLASSES = 1000
 #: every class (16 of 64 rows: the fastest exact argmax of ``gdacil bench scale`` at 2,000
 #: classes under the default regularisation, in bfloat16 and in float32 screening)
 SCREEN_SHARE = 0.25
+
+
+def default_screen_rank(rank: int) -> int:
+    """Rows screened for every class by ``top_k(screen_rank="auto")`` in a head of ``rank``."""
+    return max(1, round(SCREEN_SHARE * rank))
+
 #: Classes (of those with candidate pairs) per batched GEMM when the pruned top-k scores its pairs
 _RESCORE_CLASSES = 16
 #: ... scored against every sample (one plain GEMM, no gather) when one of them needs at least
@@ -410,8 +416,8 @@ class LRRGDA(GaussianHead):
     def predict(self, X) -> torch.Tensor:
         """Predicted class labels. On the CPU from :data:`AUTO_MIN_CLASSES` classes on, the
         exact pruned argmax of :meth:`top_k` (``pruned="auto"``: it falls back to dense scoring
-        where pruning would not pay); the dense argmax otherwise (on a GPU always). Both give the dense argmax (up to
-        exact ties between classes)."""
+        where pruning would not pay); the dense argmax otherwise, and always on a GPU. Both
+        give the dense argmax (up to exact ties between classes)."""
         if getattr(self, "rows_", None) is not None and self._auto_prunes():  # else unfitted
             return self.top_k(X, 1)[1][:, 0]
         return super().predict(X)
@@ -461,9 +467,8 @@ class LRRGDA(GaussianHead):
         pruned : "auto" or bool, default "auto"
             ``True`` prunes every sample batch, ``False`` scores every class densely. "auto"
             scores densely on a GPU and, on the CPU, heads of fewer than ``AUTO_MIN_CLASSES``
-            classes; on larger ones it
-            prunes the first batch (at most ``AUTO_PILOT`` samples) with the cost of scoring
-            it densely as a budget (rows of the rounds counted at ``ROUND_ROW_COST`` dense
+            classes; on larger ones it prunes the first batch (at most ``AUTO_PILOT`` samples)
+            with the cost of scoring it densely as a budget (rows of the rounds counted at ``ROUND_ROW_COST`` dense
             rows each), and goes on pruning only if the pilot finished within it; otherwise
             the pilot stops where it ran out (right after its screening if more than
             ``AUTO_MAX_PASS`` of its pairs passed) and everything is scored densely (see
@@ -507,7 +512,7 @@ class LRRGDA(GaussianHead):
         if k > C:
             raise ValueError(f"k = {k} exceeds the number of classes ({C})")
         if isinstance(screen_rank, str) and screen_rank == "auto":
-            screen_rank = max(1, round(SCREEN_SHARE * (rows_per_class - 1)))
+            screen_rank = default_screen_rank(rows_per_class - 1)
         j = min(check_positive_int(screen_rank, "screen_rank", minimum=0), rows_per_class - 1)
         screen = self._screen_dtype(screen_dtype) if j else self.dtype_
         if pruned not in ("auto", True, False):
