@@ -13,12 +13,13 @@ test (:func:`split`), so seeds differ in data as well as in task composition.
 
 The benchmarks run :data:`DEFAULT_FEATURE_SETS` unless told otherwise: MiniLM on WordNet
 hypernyms and supersenses, EfficientNet-Lite0 on openclipart and Fashion-MNIST, whose data
-Debian packages ship. MiniLM on four public intent and topic sets (``banking77``, ``clinc150``,
-``hwu64``, ``stackoverflow20``: :mod:`gdacil.data.text_table`) and EfficientNet-Lite0 on
-Caltech-101's 101 object classes (``caltech101``, an image folder without its background class)
-are there too; their files come from public repositories (the text sets converted first:
-``python scripts/text_tables.py PRESET SOURCE $GDACIL_DATA/PRESET``), then ``--features
-banking77 ...`` takes them.
+Debian packages ship. Six more come from public repositories: MiniLM on four intent and topic
+sets (``banking77``, ``clinc150``, ``hwu64``, ``stackoverflow20``:
+:mod:`gdacil.data.text_table`) and EfficientNet-Lite0 on Caltech-101's 101 object classes
+(``caltech101``, an image folder without its background class) and on CIFAR-10 (``cifar10``, its
+32-pixel images as files). ``bash scripts/feature_set_data.sh SOURCES OUT`` lays out their data
+from checkouts of those repositories (the script names them); then ``GDACIL_DATA=OUT`` and
+``--features banking77 ...`` take them.
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ FEATURE_SETS: dict[str, FeatureSet] = {
     # image folder of Caltech-101's 101 object classes (no background class)
     "caltech101": FeatureSet("caltech101", "efficientnet-lite0", per_class=40,
                              test_fraction=0.3, backbone_options={"size": 160}),
+    # CIFAR-10's 32-pixel images as files in train/<class>/ and test/<class>/
+    "cifar10": FeatureSet("cifar10", "efficientnet-lite0", per_class=400,
+                          backbone_options={"size": 128}),
 }
 
 #: What the benchmarks run by default: the sets whose data installs offline (Debian packages)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from .._plotting import save_figure, subplots
+from . import loso
 from .common import (
     machine_info,
     markdown_table,
@@ -42,6 +43,8 @@ __all__ = ["ANCHORS", "DEFAULT_HEAD", "head_entries", "main", "plot", "render", 
 DEFAULT_HEAD = "lr_rgda"
 #: Names of the anchor heads (the others are gdacil's)
 ANCHORS = ("ranpac", "ranpac_ridge", "fecam", "fecam_imagenet_r", "acil", "rbf_lda")
+#: Fewest feature sets for which the leave-one-set-out choice of constants is reported
+LOSO_MIN_SETS = 3
 
 
 def head_entries() -> dict[str, HeadEntry]:
@@ -63,12 +66,19 @@ def head_entries() -> dict[str, HeadEntry]:
     }
 
 
-def run(feature_sets, scalings, seeds, heads, *, runs_dir=None, log=print) -> dict:
+def run(feature_sets, scalings, seeds, heads, *, runs_dir=None, loso_dir=None,
+        log=print) -> dict:
+    """Every head on every cell; with the default head and at least :data:`LOSO_MIN_SETS`
+    feature sets, also its constants chosen by leave-one-set-out (:mod:`gdacil.bench.loso`)."""
     entries = {name: head_entries()[name] for name in heads}
     cells = run_cells(feature_sets, scalings, seeds, entries, runs_dir=runs_dir, log=log)
-    return {"benchmark": "heads", "default_head": DEFAULT_HEAD, "anchors": list(ANCHORS),
-            "seeds": list(seeds), "tasks": {n: TASKS[n] for n in feature_sets},
-            "machine": machine_info(), "cells": cells}
+    payload = {"benchmark": "heads", "default_head": DEFAULT_HEAD, "anchors": list(ANCHORS),
+               "seeds": list(seeds), "tasks": {n: TASKS[n] for n in feature_sets},
+               "machine": machine_info(), "cells": cells}
+    if DEFAULT_HEAD in heads and len(feature_sets) >= LOSO_MIN_SETS:
+        payload["leave_one_set_out"] = loso.run(feature_sets, scalings, seeds,
+                                                runs_dir=loso_dir, log=log)
+    return payload
 
 
 def _overall(payload: dict, heads: list[str]) -> dict:
@@ -103,7 +113,31 @@ def render(payload: dict) -> str:
               "Worst gap: the head's Last-Acc minus the best anchor's, in its worst cell.", "",
               markdown_table(["head", "mean Last-Acc", "worst gap to best anchor", "mean fit s"],
                              rows)]
+    if "leave_one_set_out" in payload:
+        lines += loso_section(payload)
     return "\n".join(lines)
+
+
+def loso_section(payload: dict) -> list[str]:
+    """The leave-one-set-out table: per cell, the default head with the constants chosen without
+    its set, with its defaults, and the best anchor."""
+    result = payload["leave_one_set_out"]
+    anchors = [h for h in payload["cells"][0]["heads"] if h in ANCHORS]
+    best = {(c["features"], c["scaling"]): max(c["heads"][h]["last_acc"] for h in anchors)
+            for c in payload["cells"]} if anchors else {}
+    rows = []
+    for c in result["cells"]:
+        s, b = result["sets"][c["features"]], best.get((c["features"], c["scaling"]))
+        rows.append([c["features"], c["scaling"], loso.point_name(s["chosen"]),
+                     f"{c['last_acc']:.2f}", f"{c['default_last_acc']:.2f}",
+                     "-" if b is None else f"{b:.2f}",
+                     "-" if b is None else f"{c['last_acc'] - b:+.2f}"])
+    header = ["features", "scaling", "constants chosen on the other sets", "Last-Acc",
+              "with defaults", "best anchor", "gap"]
+    return ["", "## Leave one set out", "", " ".join(loso.__doc__.split("\n\n")[1].split()), "",
+            f"Grid: {result['grid']}; defaults: {loso.point_name(result['default'])}; chosen on "
+            f"all sets: {loso.point_name(result['chosen_on_all'])}. Last-Acc (%), mean over "
+            "seeds.", "", markdown_table(header, rows)]
 
 
 def plot(payload: dict, path: Path) -> None:
@@ -143,7 +177,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     refuse_to_overwrite(parser, args, "anchors.json")
     payload = run(args.features, args.scalings, args.seeds, args.heads,
-                  runs_dir=args.out / RUNS_DIR, log=lambda line: print(line, flush=True))
+                  runs_dir=args.out / RUNS_DIR, loso_dir=args.out / loso.RUNS_DIR,
+                  log=lambda line: print(line, flush=True))
     plot(payload, args.out / "anchors.png")
     write_report(args.out, "anchors", payload, render(payload))
     return 0

@@ -42,7 +42,8 @@ __all__ = ["TASKS", "HeadEntry", "PeakRSS", "run_cell", "run_cells", "run_head",
 RUNS_DIR = "incremental_runs"
 #: Tasks per feature set (classes are dealt out in class order, the first tasks take the extra ones)
 TASKS = {"wordnet-hypernym": 10, "wordnet-supersense": 8, "openclipart": 4, "fashion-mnist": 5,
-         "banking77": 7, "clinc150": 10, "hwu64": 8, "stackoverflow20": 5, "caltech101": 10}
+         "banking77": 7, "clinc150": 10, "hwu64": 8, "stackoverflow20": 5, "caltech101": 10,
+         "cifar10": 5}
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ name                     what (and how to get it)
 ``openclipart``          clip-art images, 43 folder classes (``apt-get install -y openclipart-png``)
 ``cifar100``             CIFAR-100 python files (download yourself; read without unsafe pickle)
 ``imagenet-r``           image folder (download yourself; see :mod:`gdacil.data.image_folder`);
-                         so are ``cub200``, ``cars196``, ``caltech101``, ``flowers102``, ``food101``
+                         so are ``cub200``, ``cars196``, ``caltech101``, ``cifar10`` (image
+                         files), ``flowers102``, ``food101``
 ``image-folder``         any image folder (``root=`` required)
 ``banking77``            77 banking intents, official split (convert with
                          ``scripts/text_tables.py``; see :mod:`gdacil.data.text_table`); so are

