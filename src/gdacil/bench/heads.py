@@ -12,9 +12,11 @@ ACIL (8192-wide random buffer, gamma = 0.1) and RBF-LDA (5000 random Fourier fea
 
 Regenerate: ``python -m gdacil bench heads --out benchmarks --overwrite`` (writes ``anchors.json``,
 ``anchors.md``, ``anchors.png``, and one file per measured cell under ``incremental_runs/``,
-shared with ``gdacil bench defaults``, from which an interrupted run continues). Without
-``--out`` the results go to ``runs/bench/heads/``; existing results are replaced only with
-``--overwrite``.
+shared with ``gdacil bench defaults``, from which an interrupted run continues; on three or more
+feature sets also the leave-one-set-out grid's cells under ``loso_runs/``). The committed files
+cover all ten feature sets, seed 0: ``--features`` with every set and ``--seeds 0``, the six
+public sets' data laid out by ``scripts/feature_set_data.sh``. Without ``--out`` the results go
+to ``runs/bench/heads/``; existing results are replaced only with ``--overwrite``.
 """
 
 from __future__ import annotations
@@ -134,10 +136,21 @@ def loso_section(payload: dict) -> list[str]:
                      "-" if b is None else f"{c['last_acc'] - b:+.2f}"])
     header = ["features", "scaling", "constants chosen on the other sets", "Last-Acc",
               "with defaults", "best anchor", "gap"]
+    sets = result["sets"]
+    per_set = [[s, f"{v['last_acc']:.2f}", f"{v['default_last_acc']:.2f}",
+                loso.point_name(v["oracle"]), f"{v['oracle_last_acc']:.2f}"]
+               for s, v in sets.items()]
+    per_set.append(["**mean**", *(f"**{np.mean([v[k] for v in sets.values()]):.2f}**"
+                                  for k in ("last_acc", "default_last_acc")), "",
+                    f"**{np.mean([v['oracle_last_acc'] for v in sets.values()]):.2f}**"])
     return ["", "## Leave one set out", "", " ".join(loso.__doc__.split("\n\n")[1].split()), "",
             f"Grid: {result['grid']}; defaults: {loso.point_name(result['default'])}; chosen on "
             f"all sets: {loso.point_name(result['chosen_on_all'])}. Last-Acc (%), mean over "
-            "seeds.", "", markdown_table(header, rows)]
+            "seeds.", "", markdown_table(header, rows), "",
+            "Per set, the mean over its scalings: held out, with the defaults, and with the "
+            "set's own best point (chosen on its test data).", "",
+            markdown_table(["features", "held out", "defaults", "own best point", "own best"],
+                           per_set)]
 
 
 def plot(payload: dict, path: Path) -> None:
