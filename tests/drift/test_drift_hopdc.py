@@ -57,7 +57,8 @@ def anchors(n=200, d=6, seed=1, offset=3.0):
 def test_drift_at_matches_dense_reference(topk, tau):
     old, new = anchors()
     Z = torch.randn(33, 6, generator=gen(2), dtype=D) + 3.0
-    hop = HopDC(tau=tau, topk=topk, dtype="float64", chunk_size=8, linear=False).fit(old, new)
+    hop = HopDC(tau=tau, topk=topk, dtype="float64", chunk_size=8, linear=False,
+                shrink=False).fit(old, new)
     torch.testing.assert_close(hop.drift_at(Z), dense_drift(Z, old, new, tau, topk),
                                rtol=1e-12, atol=1e-12)
     p = hop.attention(Z)
@@ -84,7 +85,8 @@ def test_tau_to_zero_is_nearest_anchor_drift():
     assert Z.shape[0] >= 40
     nearest = (unit(Z) @ unit(old).T).argmax(dim=1)
     for topk in (None, 5):
-        hop = HopDC(tau=1e-7, topk=topk, dtype="float64", linear=False).fit(old, new)
+        hop = HopDC(tau=1e-7, topk=topk, dtype="float64", linear=False,
+                    shrink=False).fit(old, new)
         torch.testing.assert_close(hop.drift_at(Z), (new - old)[nearest], rtol=0, atol=1e-12)
 
     # the whole transform, too: identical to pushing the same pseudo-samples by their
@@ -96,7 +98,7 @@ def test_tau_to_zero_is_nearest_anchor_drift():
 
     for preset, matched in (("recommended", True), ("paper", False)):
         hop = HopDC.from_preset(preset, tau=1e-7, topk=5, n_samples=300, dtype="float64", seed=9,
-                               linear=False)
+                               linear=False, shrink=False)
         out = hop.fit(old, new).transform(stats)
         ref = resample_moments(stats, stats.classes, nearest_push, n_samples=300,
                                generator=gen(9), match_moments=matched)
@@ -115,7 +117,8 @@ def test_attention_is_computed_in_bounded_chunks(monkeypatch):
 
     monkeypatch.setattr(attention_module, "attention_weights", spy)
     old, new = anchors()
-    HopDC(topk=10, n_samples=50, chunk_size=16).fit(old, new).transform(small_stats())
+    HopDC(topk=10, n_samples=50, chunk_size=16, shrink=False).fit(old, new).transform(
+        small_stats())
     assert rows and max(rows) <= 16
     assert sum(rows) == 4 * 50
 
@@ -150,7 +153,8 @@ def test_error_bounds_of_proposition_2(seed, n, d, tau, topk, lip):
 
     keys = unit(torch.randn(n, d, generator=g, dtype=D))
     z = unit(torch.randn(16, d, generator=g, dtype=D))
-    hop = HopDC(tau=tau, topk=topk, dtype="float64", linear=False).fit(keys, keys + delta(keys))
+    hop = HopDC(tau=tau, topk=topk, dtype="float64", linear=False, shrink=False).fit(
+        keys, keys + delta(keys))
     err = (hop.drift_at(z) - delta(z)).norm(dim=1)
     p = hop.attention(z)
     dist = torch.cdist(z, keys)
@@ -253,13 +257,13 @@ def test_same_seed_is_bit_identical_and_seeds_matter():
     assert not torch.equal(hop.transform(stats).means, hop.transform(stats).means)
 
 
-def test_presets_follow_the_paper_except_for_moment_matching_and_the_linear_part():
+def test_presets_follow_the_paper_except_for_moment_matching_the_linear_part_and_shrinking():
     paper, recommended = HopDC.paper(), HopDC.recommended()
     assert (paper.tau, paper.topk, paper.n_samples, paper.damping) == (0.05, 400, 2000, 0.0)
     assert paper.match_moments is False and recommended.match_moments == "auto"
     assert recommended.get_config() == HopDC().get_config()     # the constructor's defaults
     differ = {k for k, v in paper.get_config().items() if recommended.get_config()[k] != v}
-    assert differ == {"match_moments", "linear"}
+    assert differ == {"match_moments", "linear", "shrink"}
     assert HopDC.paper(tau=0.1).tau == 0.1 and HopDC.paper(tau=0.1).match_moments is False
 
 
@@ -322,3 +326,63 @@ def test_linear_part_round_trips_through_the_state():
     stats = small_stats()
     assert torch.equal(again.transform(stats).means, hop.transform(stats).means)
     assert "linear_map_" not in HopDC(topk=30, linear=False).fit(old, new).state_dict()[0]
+
+
+# ----------------------------------------------------------------------------- shrink
+
+
+def noisy_anchors(n=200, scale=2.0):
+    old, new = anchors(n=n)
+    return old, new + scale * torch.randn(old.shape, generator=gen(8), dtype=D)
+
+
+def test_shrink_factor_is_the_clipped_least_squares_fit_of_held_out_folds():
+    old, new = noisy_anchors(n=203)
+    hop = HopDC(tau=0.3, topk=9, dtype="float64", linear=False).fit(old, new)
+    values = new - old
+    folds = torch.arange(203) % 5
+    retrieved = torch.empty_like(values)
+    for f in range(5):  # dense reference of each held-out fold's retrieval
+        out = folds == f
+        retrieved[out] = dense_drift(old[out], old[~out], new[~out], 0.3, 9)
+    gamma = float((retrieved * values).sum() / retrieved.square().sum())
+    assert 0.0 < gamma < 1.0 and hop.gamma_ == pytest.approx(gamma, rel=1e-12)
+    torch.testing.assert_close(hop.values_, gamma * values, rtol=1e-12, atol=1e-12)
+    plain = HopDC(tau=0.3, topk=9, dtype="float64", linear=False, shrink=False).fit(old, new)
+    Z = torch.randn(20, 6, generator=gen(5), dtype=D) + 3.0
+    assert plain.gamma_ == 1.0
+    torch.testing.assert_close(hop.drift_at(Z), gamma * plain.drift_at(Z), rtol=1e-12,
+                               atol=1e-12)
+
+
+def test_shrink_keeps_a_predictable_drift_and_drops_noise():
+    old, new = anchors(n=400)
+    smooth = HopDC(topk=20, dtype="float64", linear=False).fit(old, new)
+    assert smooth.gamma_ > 0.9
+    noise = 0.5 * torch.randn(old.shape, generator=gen(7), dtype=D)
+    noisy = HopDC(topk=20, dtype="float64", linear=False).fit(old, old + noise)
+    assert noisy.gamma_ < 0.1
+
+
+def test_with_unpredictable_residuals_hopdc_falls_back_to_the_linear_map():
+    g = gen(11)
+    old = torch.randn(500, 6, generator=g, dtype=D) + 2.0
+    new = old + 0.3 * torch.randn(old.shape, generator=g, dtype=D)   # drift that is all noise
+    stats = small_stats(offset=2.0)
+    hop = HopDC(topk=50, n_samples=300, dtype="float64").fit(old, new)
+    assert hop.gamma_ == 0.0
+    out, ref = hop.transform(stats), LinearSLDC().fit(old, new).transform(stats)
+    torch.testing.assert_close(out.means, ref.means, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(out.covariances(), ref.covariances(), rtol=1e-10, atol=1e-10)
+    unshrunk = HopDC(topk=50, n_samples=300, dtype="float64", shrink=False).fit(old, new)
+    assert (unshrunk.transform(stats).means - ref.means).norm() > 0.01
+
+
+def test_shrink_factor_survives_a_state_round_trip():
+    old, new = noisy_anchors()
+    hop = HopDC(topk=20).fit(old, new)
+    tensors, metadata = hop.state_dict()
+    back = HopDC(topk=20).load_state_dict(tensors, metadata)
+    assert back.gamma_ == hop.gamma_ < 1.0
+    Z = torch.randn(10, 6, generator=gen(3), dtype=D) + 3.0
+    torch.testing.assert_close(back.drift_at(Z), hop.drift_at(Z))

@@ -122,7 +122,8 @@ def test_topk_above_the_anchor_count_uses_every_anchor_with_a_warning():
 def test_auto_moment_matching_falls_back_to_plain_samples_when_d_is_not_below_n_samples():
     old, new, stats = problem(n_anchors=60, d=6)
     with pytest.warns(UserWarning, match=r"n_samples=6 is not above the dimension d=6"):
-        auto = HopDC(n_samples=6, topk=20, dtype="float64", linear=False).fit(old, new)
+        auto = HopDC(n_samples=6, topk=20, dtype="float64", linear=False,
+                     shrink=False).fit(old, new)
     assert auto.match_moments_ is False
     plain = HopDC.paper(n_samples=6, topk=20, dtype="float64").fit(old, new)
     assert plain.match_moments_ is False
