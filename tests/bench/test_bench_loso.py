@@ -117,3 +117,17 @@ def test_run_stores_cells_reuses_them_and_reports_each_set_held_out(three_sets, 
     assert (f"| s0 | raw | {loso.point_name(result['sets']['s0']['chosen'])} | "
             f"{first['last_acc']:.2f} | {first['default_last_acc']:.2f} | 50.00 | "
             f"{first['last_acc'] - 50:+.2f} |") in text
+
+
+def test_table_says_so_when_the_defaults_are_not_a_grid_point(three_sets, tmp_path):
+    make = lambda: LRRGDA(rank=3, alpha1=0.3)  # noqa: E731  (0.3 is not in GRID)
+    result = loso.run(list(three_sets), ["raw"], [0], grid=GRID, runs_dir=tmp_path,
+                      make_head=make, log=lambda _: None)
+    assert result["sets"]["s0"]["default_last_acc"] is None
+    row = {"last_acc": 0.0, "inc_acc": 0.0, "fit_s": 1.0, "predict_per_s": 1.0, "peak_mib": 1.0}
+    cells = [{"features": c["features"], "scaling": c["scaling"], "heads": {"lr_rgda": row}}
+             for c in result["cells"]]
+    text = heads.render({"cells": cells, "seeds": [0], "tasks": {}, "default_head": "lr_rgda",
+                         "leave_one_set_out": result})
+    assert f"| s1 | raw | {loso.point_name(result['sets']['s1']['chosen'])} | " in text
+    assert "| **mean** |" in text and "| - |" in text

@@ -120,6 +120,11 @@ def render(payload: dict) -> str:
     return "\n".join(lines)
 
 
+def _percent(value: float | None) -> str:
+    """A Last-Acc cell, ``-`` where the default head is not a grid point."""
+    return "-" if value is None else f"{value:.2f}"
+
+
 def loso_section(payload: dict) -> list[str]:
     """The leave-one-set-out table: per cell, the default head with the constants chosen without
     its set, with its defaults, and the best anchor."""
@@ -131,18 +136,21 @@ def loso_section(payload: dict) -> list[str]:
     for c in result["cells"]:
         s, b = result["sets"][c["features"]], best.get((c["features"], c["scaling"]))
         rows.append([c["features"], c["scaling"], loso.point_name(s["chosen"]),
-                     f"{c['last_acc']:.2f}", f"{c['default_last_acc']:.2f}",
+                     f"{c['last_acc']:.2f}", _percent(c["default_last_acc"]),
                      "-" if b is None else f"{b:.2f}",
                      "-" if b is None else f"{c['last_acc'] - b:+.2f}"])
     header = ["features", "scaling", "constants chosen on the other sets", "Last-Acc",
               "with defaults", "best anchor", "gap"]
     sets = result["sets"]
-    per_set = [[s, f"{v['last_acc']:.2f}", f"{v['default_last_acc']:.2f}",
+    per_set = [[s, f"{v['last_acc']:.2f}", _percent(v["default_last_acc"]),
                 loso.point_name(v["oracle"]), f"{v['oracle_last_acc']:.2f}"]
                for s, v in sets.items()]
-    per_set.append(["**mean**", *(f"**{np.mean([v[k] for v in sets.values()]):.2f}**"
-                                  for k in ("last_acc", "default_last_acc")), "",
-                    f"**{np.mean([v['oracle_last_acc'] for v in sets.values()]):.2f}**"])
+    means = {k: [v[k] for v in sets.values()]
+             for k in ("last_acc", "default_last_acc", "oracle_last_acc")}
+    per_set.append(["**mean**", f"**{np.mean(means['last_acc']):.2f}**",
+                    "-" if None in means["default_last_acc"]
+                    else f"**{np.mean(means['default_last_acc']):.2f}**", "",
+                    f"**{np.mean(means['oracle_last_acc']):.2f}**"])
     return ["", "## Leave one set out", "", " ".join(loso.__doc__.split("\n\n")[1].split()), "",
             f"Grid: {result['grid']}; defaults: {loso.point_name(result['default'])}; chosen on "
             f"all sets: {loso.point_name(result['chosen_on_all'])}. Last-Acc (%), mean over "
