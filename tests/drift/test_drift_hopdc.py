@@ -386,3 +386,14 @@ def test_shrink_factor_survives_a_state_round_trip():
     assert back.gamma_ == hop.gamma_ < 1.0
     Z = torch.randn(10, 6, generator=gen(3), dtype=D) + 3.0
     torch.testing.assert_close(back.drift_at(Z), hop.drift_at(Z))
+
+
+def test_a_state_saved_before_shrink_existed_loads_with_factor_one():
+    old, new = noisy_anchors()
+    hop = HopDC(topk=20, shrink=False).fit(old, new)
+    tensors, metadata = hop.state_dict()
+    del metadata["attributes"]["gamma_"]
+    back = HopDC(topk=20).load_state_dict(tensors, metadata)
+    assert back.gamma_ == 1.0
+    Z = torch.randn(10, 6, generator=gen(3), dtype=D) + 3.0
+    torch.testing.assert_close(back.drift_at(Z), hop.drift_at(Z))

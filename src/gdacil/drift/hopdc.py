@@ -253,6 +253,12 @@ class HopDC(PseudoSampling, Compensator):
             norm += float(retrieved.square().sum())
         return min(max(dot / norm, 0.0), 1.0) if norm > 0.0 else 1.0
 
+    def load_state_dict(self, tensors, metadata, *, source: str = "the state") -> HopDC:
+        super().load_state_dict(tensors, metadata, source=source)
+        # states saved before ``shrink`` existed hold unscaled values: their factor was 1
+        self.__dict__.setdefault("gamma_", 1.0)
+        return self
+
     # ------------------------------------------------------------------ retrieval
     def _queries(self, queries) -> torch.Tensor:
         self._check_fitted()
