@@ -83,11 +83,15 @@ def run(feature_sets, scalings, seeds, heads, *, runs_dir=None, loso_dir=None,
     return payload
 
 
+def _best_anchor(cell: dict) -> float | None:
+    """The best Last-Acc of the anchors measured in ``cell`` (``None`` without anchors)."""
+    return max((v["last_acc"] for h, v in cell["heads"].items() if h in ANCHORS), default=None)
+
+
 def _overall(payload: dict, heads: list[str]) -> dict:
     """Per head: mean Last-Acc over cells, mean fit seconds, and the worst gap to the best anchor."""
     cells = payload["cells"]
-    best_anchor = [max((c["heads"][h]["last_acc"] for h in heads if h in ANCHORS), default=np.nan)
-                   for c in cells]
+    best_anchor = [np.nan if (b := _best_anchor(c)) is None else b for c in cells]
     return {h: {"last_acc": float(np.mean([c["heads"][h]["last_acc"] for c in cells])),
                 "fit_s": float(np.mean([c["heads"][h]["fit_s"] for c in cells])),
                 "worst_gap": float(min(c["heads"][h]["last_acc"] - b
@@ -121,7 +125,7 @@ def render(payload: dict) -> str:
 
 
 def _percent(value: float | None) -> str:
-    """A Last-Acc cell, ``-`` where the default head is not a grid point."""
+    """A Last-Acc cell, ``-`` where there is none (no anchor, defaults off the grid)."""
     return "-" if value is None else f"{value:.2f}"
 
 
@@ -129,15 +133,12 @@ def loso_section(payload: dict) -> list[str]:
     """The leave-one-set-out table: per cell, the default head with the constants chosen without
     its set, with its defaults, and the best anchor."""
     result = payload["leave_one_set_out"]
-    anchors = [h for h in payload["cells"][0]["heads"] if h in ANCHORS]
-    best = {(c["features"], c["scaling"]): max(c["heads"][h]["last_acc"] for h in anchors)
-            for c in payload["cells"]} if anchors else {}
+    best = {(c["features"], c["scaling"]): _best_anchor(c) for c in payload["cells"]}
     rows = []
     for c in result["cells"]:
         s, b = result["sets"][c["features"]], best.get((c["features"], c["scaling"]))
         rows.append([c["features"], c["scaling"], loso.point_name(s["chosen"]),
-                     f"{c['last_acc']:.2f}", _percent(c["default_last_acc"]),
-                     "-" if b is None else f"{b:.2f}",
+                     f"{c['last_acc']:.2f}", _percent(c["default_last_acc"]), _percent(b),
                      "-" if b is None else f"{c['last_acc'] - b:+.2f}"])
     header = ["features", "scaling", "constants chosen on the other sets", "Last-Acc",
               "with defaults", "best anchor", "gap"]

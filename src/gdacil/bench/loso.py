@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +78,7 @@ def run(feature_sets, scalings, seeds, *, grid=None, runs_dir=None, make_head=No
 
     make_head, grid = make_head or LRRGDA, grid or GRID
     points = grid_points(grid)
+    keys = [repr(make_head().set_params(**p)) for p in points]
     default = {k: getattr(make_head(), k) for k in grid}
     per_cell: dict[tuple[str, str], np.ndarray] = {}
     for name in feature_sets:
@@ -88,13 +88,11 @@ def run(feature_sets, scalings, seeds, *, grid=None, runs_dir=None, make_head=No
             accs = []
             for seed in seeds:
                 path = Path(runs_dir) / f"{name}-{scaling}-{seed}.json" if runs_dir else None
-                keys = [repr(make_head().set_params(**p)) for p in points]
                 done = json.loads(path.read_text()) if path is not None and path.exists() else {}
                 if not all(k in done for k in keys):
                     train, test = split(y, FEATURE_SETS[name].test_fraction, seed)
                     done.update(zip(keys, measure_cell(X, y, train, test, points, make_head)))
-                    if path is not None:
-                        os.makedirs(path.parent, exist_ok=True)
+                    if path is not None:  # the write creates the folder
                         atomic_write_text(path, json.dumps(done, indent=1, sort_keys=True) + "\n")
                 accs.append([done[k] for k in keys])
             per_cell[name, scaling] = np.mean(accs, axis=0)
