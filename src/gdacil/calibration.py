@@ -13,7 +13,9 @@ labels and class scores. No sample of an earlier task is kept or needed.
   exchangeable with the records, is rejected with probability at most ``rate`` (and at least
   ``rate - 1 / (n + 1)``).
 - **Temperature.** ``temperature_`` minimises the negative log-likelihood of the records' labels
-  under ``softmax(g / T)`` [TempScaling]; :func:`expected_calibration_error` measures the result.
+  under ``softmax(g / T)`` [TempScaling], pulled towards ``T = 1`` by :data:`TEMPERATURE_PRIOR`
+  records' worth (records all classified right would otherwise drive ``T`` to 0);
+  :func:`expected_calibration_error` measures the result.
 - **Conformal sets.** :meth:`Calibration.prediction_sets` keeps every class whose calibrated
   probability is at least ``1 - q``, with ``q`` the ``ceil((n + 1)(1 - alpha))``-th smallest
   non-conformity ``1 - p_y`` of the records [Conformal]: for a new input exchangeable with them
@@ -26,8 +28,15 @@ classes of earlier tasks they hold as far as tasks resemble each other. A task w
 to that many): fewer records would make the quantiles and the temperature noisy, but earlier
 records were scored by the head of their own time, against fewer classes, so they are too
 confident for the current head and only fill in for small tasks. Records keep each
-sample's label, novelty score and its ``top`` best class scores (with the true class's): a class
-is forgotten by dropping its records and its scores (:meth:`Calibration.forget`).
+sample's label, novelty score, its ``top`` best class scores (with the true class's) and the
+largest class label of the head that scored it.
+
+Forgetting classes (:meth:`Calibration.forget`) drops their records and every record that a
+head holding one of them scored: those records' scores and novelty depend on the classes'
+statistics (through the shared terms of the head, such as LR-RGDA's base), so keeping them
+would keep a trace of the classes. With labels numbered in the order the classes were learned
+(as the Learner numbers them), a head held exactly the classes up to its largest label, and the
+records left are those a head that never learned the classes would have made.
 
 Examples
 --------
@@ -58,6 +67,7 @@ __all__ = [
     "CALIBRATION_SHARE",
     "MAX_RECORDS",
     "MIN_RECORDS",
+    "TEMPERATURE_PRIOR",
     "TOP_LABEL_PRIOR",
     "Calibration",
     "calibration_folds",
@@ -78,6 +88,8 @@ TOP = 64
 MAX_RECORDS = 2000
 #: Weight of the pull of the top-label map towards the identity, in records
 TOP_LABEL_PRIOR = 10.0
+#: Weight of the pull of ``1 / T`` towards 1, in records (:func:`fit_temperature`)
+TEMPERATURE_PRIOR = 10.0
 #: Share of each class's samples that each fold of a learn's cross-fitting holds out (the
 #: Learner's default ``calibration_share``): ten folds
 CALIBRATION_SHARE = 0.1
@@ -128,30 +140,35 @@ def ece_floor(proba: torch.Tensor, bins: int = 15, draws: int = 100, seed: int =
                for _ in range(draws)) / draws
 
 
-def fit_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
-    """The temperature ``T`` minimising the mean negative log-likelihood of ``labels`` (column
-    positions) under ``softmax(logits / T)``: golden-section search on ``log T`` in
-    ``[-6, 6]`` (the NLL is convex in ``1 / T``, so unimodal in ``log T``)."""
+def fit_temperature(logits: torch.Tensor, labels: torch.Tensor,
+                    prior: float = TEMPERATURE_PRIOR) -> float:
+    """The temperature ``T`` minimising the negative log-likelihood of ``labels`` (column
+    positions) under ``softmax(logits / T)``, summed over the records, plus
+    ``prior / 2 (1 / T - 1)^2``: a pull towards ``T = 1`` that keeps ``T`` finite when every
+    record is right (the likelihood alone then grows without bound as ``T`` falls to 0, and
+    would make every probability 0 or 1). Both terms are convex in ``1 / T``, so the objective
+    is unimodal in ``log T``: golden-section search on ``log T`` in ``[-6, 6]``."""
     z = logits.to(torch.float64)
     true = z.gather(1, labels.view(-1, 1).to(z.device))[:, 0]
 
-    def nll(log_t: float) -> float:
-        t = math.exp(log_t)
-        return float(((z / t).logsumexp(1) - true / t).mean())
+    def objective(log_t: float) -> float:
+        inverse = math.exp(-log_t)
+        nll = float(((z * inverse).logsumexp(1) - true * inverse).sum())
+        return nll + 0.5 * prior * (inverse - 1.0) ** 2
 
     lo, hi = -6.0, 6.0
     ratio = (math.sqrt(5.0) - 1.0) / 2.0
     a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-    fa, fb = nll(a), nll(b)
+    fa, fb = objective(a), objective(b)
     for _ in range(80):
         if fa <= fb:
             hi, b, fb = b, a, fa
             a = hi - ratio * (hi - lo)
-            fa = nll(a)
+            fa = objective(a)
         else:
             lo, a, fa = a, b, fb
             b = lo + ratio * (hi - lo)
-            fb = nll(b)
+            fb = objective(b)
     return math.exp((lo + hi) / 2.0)
 
 
@@ -216,12 +233,13 @@ class Calibration(Stateful):
     ``scores_`` ``(n, k)`` and ``score_classes_`` ``(n, k)`` (each record's best ``k <= TOP``
     class scores and their labels, the true class's among them), ``temperature_``,
     ``nonconformity_`` ``(n,)`` (``1 - p_y`` at that temperature, over the kept classes) and
-    ``top_label_`` (``[a, b]`` of :func:`fit_top_label`).
+    ``top_label_`` (``[a, b]`` of :func:`fit_top_label`) and ``scored_by_`` ``(n,)`` (the
+    largest class label among the columns of the head that scored each record).
     """
 
     _state_attributes: ClassVar[tuple[str, ...]] = (
         "novelty_", "labels_", "scores_", "score_classes_", "temperature_", "nonconformity_",
-        "top_label_")
+        "top_label_", "scored_by_")
 
     def fit(self, novelty: torch.Tensor, labels: torch.Tensor, scores: torch.Tensor,
             classes: torch.Tensor, *, previous: Calibration | None = None,
@@ -243,6 +261,7 @@ class Calibration(Stateful):
         if not labels.numel():
             raise ValueError("calibration needs at least one held-out record")
         self.scores_, self.score_classes_ = best_scores(scores, classes, labels)
+        self.scored_by_ = classes.amax(1).clone()
         self.labels_ = labels
         self.novelty_ = novelty.to(torch.float64).cpu().reshape(-1)
         if previous is not None:
@@ -263,6 +282,7 @@ class Calibration(Stateful):
                                          padded(self.score_classes_, -1)])
         self.labels_ = torch.cat([older.labels_[start:], self.labels_])
         self.novelty_ = torch.cat([older.novelty_[start:], self.novelty_])
+        self.scored_by_ = torch.cat([older.scored_by_[start:], self.scored_by_])
 
     def _refit(self) -> Calibration:
         true = self.score_classes_ == self.labels_[:, None]
@@ -306,17 +326,29 @@ class Calibration(Stateful):
 
     # ------------------------------------------------------------------ forgetting
     def forget(self, classes) -> Calibration | None:
-        """Drop the records of ``classes`` and their class scores from the others, and refit;
-        ``None`` when no record is left."""
+        """Drop every record scored by a head that held one of ``classes`` (``scored_by_`` at
+        least the smallest of them; see the module's notes), their own records included, and
+        refit; ``None`` when no record is left."""
         drop = torch.as_tensor(list(classes), dtype=torch.int64)
-        keep = ~torch.isin(self.labels_, drop)
+        if not drop.numel():
+            return self
+        keep = self.scored_by_ < drop.min()  # a record's head held its own class
         if not bool(keep.any()):
             return None
-        scores = self.scores_[keep].masked_fill(torch.isin(self.score_classes_[keep], drop),
-                                                -math.inf)
-        self.scores_, self.score_classes_ = scores, self.score_classes_[keep]
+        # the records left may be older ones, padded to a newer record's width: trim it
+        width = int((self.score_classes_[keep] >= 0).any(0).nonzero().max()) + 1
+        self.scores_ = self.scores_[keep, :width]
+        self.score_classes_ = self.score_classes_[keep, :width]
         self.labels_, self.novelty_ = self.labels_[keep], self.novelty_[keep]
+        self.scored_by_ = self.scored_by_[keep]
         return self._refit()
+
+    def load_state_dict(self, tensors, metadata, *, source: str = "the state") -> Calibration:
+        super().load_state_dict(tensors, metadata, source=source)
+        if "scored_by_" not in self.__dict__ and "labels_" in self.__dict__:
+            # saved before records kept their head: any head may have held any class
+            self.scored_by_ = torch.full_like(self.labels_, torch.iinfo(torch.int64).max)
+        return self
 
     @property
     def n_records(self) -> int:

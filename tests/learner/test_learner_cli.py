@@ -1,5 +1,5 @@
-"""``gdacil learn / predict / info / forget / versions / rollback`` end to end, their one-line
-errors, and the README's "Use it as a continual classifier" commands (real offline models)."""
+"""``gdacil learn / predict / calibrate / info / forget / versions / rollback`` end to end,
+their one-line errors, and the README's "Use it as a continual classifier" commands (real offline models)."""
 
 from __future__ import annotations
 
@@ -175,6 +175,19 @@ def test_predict_rejects_unknown_inputs_and_gives_conformal_sets(tmp_path, capsy
     assert "rejection needs a calibrated model, and this one has no calibration" in fails(
         capsys, "predict", "plain", "query/red/0.png", "--reject")
     assert re.search(r"^calibration +none", ok(capsys, "info", "plain"), re.M)
+    # forget drops the records (every one was scored by a head that held green); calibrate on
+    # held-out images brings rejection back, as a new version
+    ok(capsys, "forget", "model", "--class", "green")
+    assert "forgetting classes dropped the records" in fails(
+        capsys, "predict", "model", "query/red/0.png", "--reject")
+    image_folder(tmp_path / "held", ["red", "blue"], 12, seed=9)
+    assert ok(capsys, "calibrate", "model", "--data", "held") == (
+        "model: v3: calibrated on 24 samples of held\n")
+    assert re.search(r"^calibration +24 records", ok(capsys, "info", "model"), re.M)
+    assert len(json.loads(ok(capsys, "predict", "model", "query/red", "--reject",
+                             "--reject-rate", "0.25"))) == 2
+    assert "calibrated on 24 samples from held" in ok(capsys, "versions", "model")
+    assert "unknown class 'purple'" in fails(capsys, "calibrate", "model", "--data", "query")
 
 
 def readme_commands() -> list[str]:

@@ -19,7 +19,7 @@ from gdacil.calibration import Calibration, calibration_folds, held_out_calibrat
 from gdacil.cil.config import ConfigError
 from gdacil.cil.model import task_seed
 from gdacil.io import CorruptFileError
-from gdacil.learner import Learner, LearnerConfig, Prediction
+from gdacil.learner import Learner, LearnerConfig, Prediction, UnknownClassError
 from gdacil.state import load_state
 
 from _assets import needs_transformers
@@ -287,22 +287,52 @@ def test_save_and_load_keep_the_calibration_bit_for_bit(learned, tmp_path):
                           [0, 1])
 
 
-def test_forgetting_drops_the_classes_records(learned, tmp_path):
-    learner = learned.copy()
-    ids = learner.class_ids()
-    learner.forget("green")
-    calibration = learner.calibration
-    assert calibration.n_records == 40 and ids["green"] not in calibration.labels_.tolist()
-    kept = calibration.score_classes_ == ids["green"]
-    assert bool(torch.isneginf(calibration.scores_[kept]).all())  # its scores are gone too
+def test_forgetting_keeps_only_records_no_head_holding_the_class_scored(tmp_path):
+    """Red and green, then blue (a small learn: the first learn's records join its own).
+    Forgetting blue leaves the first learn's records, exactly those of a learner that never
+    learned blue; forgetting green too leaves none, and says how to calibrate again."""
+    def first() -> Learner:
+        learner = tiny_learner()
+        learner.learn(*colour_set(["red", "green"], 20))
+        return learner
+
+    never = first()
+    learner = first()
+    learner.learn(*colour_set(["blue"], 20, seed=1))
+    assert learner.calibration.n_records == 60
+    learner.forget("blue")
+    assert same_calibration(learner.calibration, never.calibration)
     learner.save(tmp_path / "model")
-    assert Learner.load(tmp_path / "model").calibration.n_records == 40
-    # forgetting every class of the records leaves no calibration
-    learner.forget(["red", "blue"])
-    assert learner.calibration is None and learner.classes == []
+    assert same_calibration(Learner.load(tmp_path / "model").calibration, never.calibration)
+
+    learner.forget("green")
+    assert learner.calibration is None and learner.classes == ["red"]
     learner.save(tmp_path / "model")
     assert not (tmp_path / "model" / "versions" / "v2" / "calibration.safetensors").exists()
-    assert Learner.load(tmp_path / "model").calibration is None
+    with pytest.raises(ValueError, match=r"forgetting classes dropped the records .* calibrate "
+                                         r"it on held-out samples \(Learner.calibrate"):
+        Learner.load(tmp_path / "model").predict(colour_images("red", 1), reject=True)
+
+
+def test_calibrate_on_held_out_samples_scores_them_with_the_head(learned, tmp_path):
+    learner = learned.copy()
+    inputs, labels = colour_set(["red", "blue"], 15, seed=7)  # not learned
+    assert learner.calibrate(inputs, labels) == 30
+    ids = learner.class_ids()
+    y = torch.tensor([ids[n] for n in labels])
+    X = learner._features(inputs)
+    head = learner.head
+    expected = Calibration().fit(head.score_samples(X).double(), y,
+                                 head.decision_function(X).double(),
+                                 torch.tensor(head.classes_.tolist()))
+    assert same_calibration(learner.calibration, expected)
+    assert learner.statistics.counts.tolist() == learned.statistics.counts.tolist()
+    assert learner.predict(colour_images("red", 1, seed=8), reject=True, reject_rate=0.1)
+    learner.save(tmp_path / "model")
+    assert same_calibration(Learner.load(tmp_path / "model").calibration, expected)
+    with pytest.raises(UnknownClassError, match="unknown class 'purple'"):
+        learner.calibrate(colour_images("purple", 3), ["purple"] * 3)
+    assert same_calibration(learner.calibration, expected)  # unchanged by the failure
 
 
 def test_a_model_saved_before_calibration_loads_and_says_it_has_none(tmp_path):

@@ -2,6 +2,7 @@
 rejection threshold and of split-conformal sets on exchangeable data, temperature scaling, ECE
 by hand, and the exact removal of held-out samples from the statistics."""
 
+import copy
 import math
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 
 from gdacil import ClassGaussians
 from gdacil.calibration import (
+    TEMPERATURE_PRIOR,
     Calibration,
     calibration_folds,
     conformal_quantile,
@@ -22,6 +24,12 @@ from gdacil.calibration import (
 from gdacil.heads import LDA, LRRGDA
 from gdacil.stats import LowRankGaussians
 from gdacil.testing import make_stats
+
+
+def same_calibration(a: Calibration, b: Calibration) -> bool:
+    ta, ma = a.state_dict()
+    tb, mb = b.state_dict()
+    return ma == mb and ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
 
 
 def one_fold(y, share, seed):
@@ -69,6 +77,28 @@ def test_temperature_recovers_the_overconfidence_of_the_scores():
     scores, labels = _model_draws(4000, temperature=1.0)
     assert abs(fit_temperature(2.5 * scores, labels) - 2.5) < 0.15
     assert abs(fit_temperature(scores, labels) - 1.0) < 0.06
+
+
+def test_temperature_stays_finite_when_every_record_is_right():
+    """Records all classified right: the likelihood alone would send T to 0 (every probability
+    0 or 1). The pull towards T = 1 keeps it finite; the result is the minimiser of the stated
+    objective, checked against scipy's bounded search on 1 / T."""
+    from scipy.optimize import minimize_scalar
+
+    scores, labels = _model_draws(400, temperature=1.0)
+    right = scores.argmax(1) == labels
+    z, y = scores[right], labels[right]
+    t = fit_temperature(z, y)
+    assert 0.05 < t < 1.0  # sharper than the scores, but not the search's bound e^-6
+
+    def objective(beta: float) -> float:
+        nll = float(((z * beta).logsumexp(1) - z.gather(1, y[:, None])[:, 0] * beta).sum())
+        return nll + 0.5 * TEMPERATURE_PRIOR * (beta - 1.0) ** 2
+
+    best = minimize_scalar(objective, bounds=(1e-3, 1e3), method="bounded",
+                           options={"xatol": 1e-10})
+    assert abs(1.0 / t - best.x) <= 1e-5 * best.x
+    assert fit_temperature(z, y, prior=0.0) < 0.003  # without the pull: the bound
 
 
 def test_calibration_lowers_the_ece_of_overconfident_scores():
@@ -185,17 +215,40 @@ def test_held_out_records_come_from_a_head_that_never_saw_them():
     assert cal.threshold(0.1) == pytest.approx(float(expected.sort().values[k - 1]), rel=1e-12)
 
 
-def test_forget_drops_the_records_and_scores_of_a_class():
-    stats, X, y = make_stats()
+def _two_task_calibrations():
+    """Calibrations after task 1 (labels 3-93) and task 2 (103-193), the second joined by all
+    of the first's records: as the Learner makes them, labels numbered in learning order."""
+    stats, X, y = make_stats(n_classes=20)
+    first = y < 100
+    stats1 = ClassGaussians(X.shape[1]).update(X[first], y[first])
     held = one_fold(y, 0.3, 0)
-    cal = held_out_calibration(LDA().fit(stats), stats, X[held], y[held])
-    n13 = int((y[held] == 13).sum())
-    before = cal.n_records
-    cal = cal.forget([13])
-    assert cal.n_records == before - n13 and 13 not in cal.labels_.tolist()
-    kept = cal.score_classes_ == 13
-    assert bool(torch.isinf(cal.scores_[kept]).all())  # no score of class 13 is left
-    assert cal.forget(stats.classes) is None
+    h1, h2 = held[first[held]], held[~first[held]]
+    cal1 = held_out_calibration(LDA().fit(stats1), stats1, X[h1], y[h1])
+    cal2 = held_out_calibration(LDA().fit(stats), stats, X[h2], y[h2], previous=cal1,
+                                min_records=10_000)
+    return cal1, cal2
+
+
+def test_forget_keeps_only_records_scored_by_heads_that_never_held_the_classes():
+    cal1, cal2 = _two_task_calibrations()
+    assert cal2.n_records > cal1.n_records
+    assert set(cal1.scored_by_.tolist()) == {93} and set(cal2.scored_by_.tolist()) == {93, 193}
+    # a class of task 2: every record of task 2 was scored by a head that held it; the records
+    # left are the first task's, exactly those a calibration that never saw task 2 holds
+    left = copy.deepcopy(cal2).forget([133, 173])
+    assert same_calibration(left, cal1)
+    # a class of task 1: every record was scored by a head that held it
+    assert copy.deepcopy(cal2).forget([43]) is None
+    assert copy.deepcopy(cal2).forget([]).n_records == cal2.n_records
+
+
+def test_a_calibration_saved_before_records_kept_their_head_forgets_everything():
+    _, cal2 = _two_task_calibrations()
+    tensors, meta = cal2.state_dict()
+    old = {k: v for k, v in tensors.items() if "scored_by" not in k}
+    loaded = Calibration().load_state_dict(old, meta)
+    assert loaded.n_records == cal2.n_records  # usable as it was
+    assert loaded.forget([193]) is None  # but no record can be shown free of the class
 
 
 def test_state_round_trip_and_bad_records():

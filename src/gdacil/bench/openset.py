@@ -47,6 +47,7 @@ import torch
 from ..calibration import (
     CALIBRATION_SHARE,
     MIN_RECORDS,
+    TEMPERATURE_PRIOR,
     TOP_LABEL_PRIOR,
     Calibration,
     calibration_folds,
@@ -300,7 +301,8 @@ def run_seed(X: torch.Tensor, y: np.ndarray, *, n_tasks: int, test_fraction: flo
     path = Path(store) if store is not None else None
     config = (f"{PROTOCOL} {factory()!r} share={CALIBRATION_SHARE} rate={TARGET_RATE} "
               f"alpha={ALPHA} bins={ECE_BINS} tasks={n_tasks} test={test_fraction} "
-              f"min_records={MIN_RECORDS} maps=temperature+top-label(prior={TOP_LABEL_PRIOR}) "
+              f"min_records={MIN_RECORDS} maps=temperature(prior={TEMPERATURE_PRIOR})"
+              f"+top-label(prior={TOP_LABEL_PRIOR}) "
               "probe=whole-head records=cross-fitted")
     result = _stored(path, "gdacil", config,
                      lambda: _gdacil_part(X, y, sp, seed, factory))

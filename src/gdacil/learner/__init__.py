@@ -14,8 +14,8 @@ samples, predict, forget, and keep every saved version.
   :func:`rollback`);
 - :mod:`gdacil.learner.data`: what ``learn`` reads;
 - :mod:`gdacil.learner.serve`: ``gdacil serve``, the model behind an HTTP JSON API;
-- :mod:`gdacil.learner.cli`: ``gdacil learn / predict / info / forget / versions / rollback /
-  serve``.
+- :mod:`gdacil.learner.cli`: ``gdacil learn / predict / calibrate / info / forget / versions /
+  rollback / serve``.
 
 See docs/learner.md.
 """

@@ -1,5 +1,5 @@
-"""The learner's commands: ``gdacil learn / predict / info / forget / versions / rollback /
-serve``.
+"""The learner's commands: ``gdacil learn / predict / calibrate / info / forget / versions /
+rollback / serve``.
 
 :func:`learner_commands` adds them to the ``gdacil`` parser (:mod:`gdacil.cli`). They are thin
 layers over :class:`~gdacil.learner.Learner` and :mod:`gdacil.learner.bundle`; errors (unknown
@@ -78,6 +78,24 @@ def learner_commands(sub) -> None:
                          help="also print each input's conformal set: the classes that hold its "
                               "true class with probability at least 1 - ALPHA (0 < ALPHA < 1)")
     predict.set_defaults(func=_predict)
+
+    calibrate = sub.add_parser(
+        "calibrate", help="calibrate a model on held-out samples (as a new version)",
+        description="Score the labelled samples of PATH (a folder of class sub-folders, or a "
+                    "CSV/TSV or JSONL file of texts) with MODEL and make them its calibration "
+                    "records: the rejection threshold, temperature and conformal sets of "
+                    "predict --reject / --sets then hold for inputs like them. The samples must "
+                    "be of classes MODEL holds and not ones it learned (a held-out set). Needed "
+                    "after forget, which drops the records scored by a head that held the "
+                    "forgotten classes.")
+    calibrate.add_argument("model", metavar="MODEL", help="the model directory")
+    calibrate.add_argument("--data", required=True, metavar="PATH", type=nonempty,
+                           help="the held-out samples")
+    calibrate.add_argument("--text-column", default="text", metavar="C",
+                           help="the text column of a CSV/JSONL file (default: text)")
+    calibrate.add_argument("--label-column", default="label", metavar="L",
+                           help="the label column of a CSV/JSONL file (default: label)")
+    calibrate.set_defaults(func=_calibrate)
 
     info = sub.add_parser("info", help="what a model is and which classes it holds",
                           description="Describe MODEL: its parts, classes and version.")
@@ -255,7 +273,7 @@ def _current(model: Path) -> str | None:
 
 
 def _interrupted(model: Path, before: str | None) -> None:
-    """Say, on one line, what an interrupted learn or forget left of ``model``."""
+    """Say, on one line, what an interrupted learn, calibrate or forget left of ``model``."""
     now = _current(model)
     if now != before:
         print(f"gdacil: interrupted; {model}: {now} had been saved (version {before or 'none'} "
@@ -389,18 +407,32 @@ def _calibration_line(calibration: dict | None) -> str:
 
 
 def _forget(args) -> int:
+    return _change(args.model, lambda learner: learner.forget(args.classes),
+                   lambda learner, removed: f"forgot {', '.join(removed)}; "
+                                            f"{len(learner.classes)} classes left")
+
+
+def _calibrate(args) -> int:
+    return _change(args.model, lambda learner: learner.calibrate(
+        args.data, text_column=args.text_column, label_column=args.label_column,
+        progress=_progress()), lambda _, records: f"calibrated on {records} samples of "
+                                                  f"{args.data}")
+
+
+def _change(model: str, change, said) -> int:
+    """Load ``model``, ``change`` it, save it as a new version and print ``said(learner,
+    result)`` after the version's name; on Ctrl-C, say what was left."""
     from .learner import Learner
 
-    before = _current(Path(args.model))
+    before = _current(Path(model))
     try:
-        learner = Learner.load(args.model)
-        removed = learner.forget(args.classes)
-        version = learner.save(args.model)
+        learner = Learner.load(model)
+        result = change(learner)
+        version = learner.save(model)
     except KeyboardInterrupt:
-        _interrupted(Path(args.model), before)
+        _interrupted(Path(model), before)
         return 130
-    print(f"{args.model}: {version}: forgot {', '.join(removed)}; "
-          f"{len(learner.classes)} classes left")
+    print(f"{model}: {version}: {said(learner, result)}")
     return 0
 
 
@@ -413,6 +445,8 @@ def _describe(event: dict) -> str:
             return f"forgot {', '.join(event['classes'])}"
         count = event.get("count", 0)
         return f"forgot {count} class{'' if count == 1 else 'es'}"
+    if event.get("action") == "calibrate":
+        return f"calibrated on {event.get('samples', '?')} samples from {event.get('source', '?')}"
     return str(event.get("action", "?"))
 
 

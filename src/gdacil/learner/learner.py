@@ -714,12 +714,55 @@ class Learner:
             why = (f"its statistics are {cfg.statistics.storage}, from which held-out samples "
                    "cannot be taken out exactly")
             fix = "use a model with dense statistics"
+        elif any(e.get("action") == "forget" for e in [*self._history, *self._pending]):
+            why = ("forgetting classes dropped the records that a head holding them scored, "
+                   "and no learn has calibrated it since")
+            fix = "learn at least 3 samples of a class in one learn"
         else:
             why = ("no learn has calibrated it (a model saved before gdacil calibrated, or "
                    "every learn had fewer than 3 samples of each class)")
             fix = "learn at least 3 samples of a class in one learn"
         raise ValueError(f"{what} needs a calibrated model, and this one has no calibration: "
-                         f"{why}; {fix}, or predict without it")
+                         f"{why}; {fix}, calibrate it on held-out samples "
+                         "(Learner.calibrate, gdacil calibrate), or predict without it")
+
+    def calibrate(self, data, labels=None, *, text_column: str = "text",
+                  label_column: str = "label", progress: bool = False) -> int:
+        """Calibrate the model again on labelled samples of classes it holds that it has
+        **not** learned (a held-out set), and return the number of records.
+
+        Each sample is scored by the current head as a new input would be, and these records
+        replace the calibration (the rejection threshold, the temperature, the conformal
+        quantiles): split conformal in its textbook form, so the stated rates hold for inputs
+        exchangeable with these samples, of whichever classes they cover. Use it after
+        :meth:`forget` (which drops the records a head holding the forgotten classes scored),
+        for models whose learns do not calibrate (``calibration_share=0`` or low-rank
+        statistics), or to calibrate on samples more like what the model will meet. Samples the
+        model learned would look more typical than new inputs and make the rates optimistic.
+        The model is unchanged otherwise; the next :meth:`learn` calibrates on its own records
+        again. ``data`` and ``labels`` are read as :meth:`learn` reads them; a class the model
+        does not hold raises :class:`UnknownClassError` and nothing changes.
+        """
+        if self._head is None:
+            raise ValueError("the model has learned no classes yet: learn some first")
+        samples = read_samples(data, labels, text_column=text_column, label_column=label_column)
+        self._check_modality(samples)
+        if not len(samples):
+            raise ValueError(f"{samples.source}: no samples to calibrate on")
+        for name in dict.fromkeys(samples.labels):
+            if name not in self._ids:
+                raise self._unknown(name)
+        X = self._extract(list(samples.keys), self._loader(samples.load), progress,
+                          what="calibrate")
+        head = self._head
+        y = torch.tensor([self._ids[n] for n in samples.labels], dtype=torch.int64)
+        self._calibration = Calibration().fit(
+            head.score_samples(X, self.config.novelty).to(torch.float64).cpu(), y,
+            head.decision_function(X).to(torch.float64).cpu(),
+            torch.as_tensor(head.classes_.tolist(), dtype=torch.int64))
+        self._pending.append({"action": "calibrate", "source": samples.source,
+                              "samples": len(samples)})
+        return len(samples)
 
     # ------------------------------------------------------------------ forgetting
     def forget(self, classes: str | Iterable[str]) -> list[str]:
@@ -735,11 +778,13 @@ class Learner:
         (each class's statistics come from its own samples alone, and the head is refitted on
         those of the classes left), and the version :meth:`save` writes next holds nothing of
         them: no statistics file, no rows of the head (LR-RGDA's eigenpairs included), no
-        anchors, and no name: the history's learn events lose it and the forget event records
-        only how many classes went. What stays: the totals of samples in the history's learn
-        events and the reservoir's count of samples seen (sums over every class); the sources
-        the learns name (a file or folder name); the calibration's records of the other
-        classes, scored by the head that held the classes; with a strategy, the backbone it
+        anchors, no calibration record that a head holding them scored
+        (:meth:`gdacil.calibration.Calibration.forget`: usually every record, so the model has
+        no calibration until the next learn or :meth:`calibrate`), and no name: the history's
+        learn events lose it and the forget event records only how many classes went. What
+        stays: the totals of samples in the history's learn events and the reservoir's count
+        of samples seen (sums over every class); the sources the learns name (a file or folder
+        name); with a strategy, the backbone it
         trained on the classes, its state, and the other classes' statistics as the compensator
         moved them with anchors that included theirs; with low-rank statistics, the running sum
         behind ``Sigma_avg``, which keeps each forgotten class's compression error
@@ -778,7 +823,7 @@ class Learner:
         self._head = head
         self._ids = {n: i for n, i in self._ids.items() if i not in drop}
         self._reservoir = self._reservoir.without(names)
-        if self._calibration is not None:  # their held-out records go too (None: none left)
+        if self._calibration is not None:  # records a head holding them scored go too
             self._calibration = self._calibration.forget(sorted(drop))
         self._history = _without_names(self._history, names)
         self._pending = [*_without_names(self._pending, names),
