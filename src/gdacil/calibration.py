@@ -61,6 +61,7 @@ from typing import ClassVar
 import torch
 
 from ._validation import check_fraction
+from .novelty import DISTANCE_DEFAULT, check_method
 from .state import Stateful
 
 __all__ = [
@@ -233,22 +234,25 @@ class Calibration(Stateful):
     ``scores_`` ``(n, k)`` and ``score_classes_`` ``(n, k)`` (each record's best ``k <= TOP``
     class scores and their labels, the true class's among them), ``temperature_``,
     ``nonconformity_`` ``(n,)`` (``1 - p_y`` at that temperature, over the kept classes) and
-    ``top_label_`` (``[a, b]`` of :func:`fit_top_label`) and ``scored_by_`` ``(n,)`` (the
-    largest class label among the columns of the head that scored each record).
+    ``top_label_`` (``[a, b]`` of :func:`fit_top_label`), ``scored_by_`` ``(n,)`` (the
+    largest class label among the columns of the head that scored each record) and ``method_``
+    (the novelty score of ``novelty_``, :mod:`gdacil.novelty`: new inputs must be scored with
+    it).
     """
 
     _state_attributes: ClassVar[tuple[str, ...]] = (
         "novelty_", "labels_", "scores_", "score_classes_", "temperature_", "nonconformity_",
-        "top_label_", "scored_by_")
+        "top_label_", "scored_by_", "method_")
 
     def fit(self, novelty: torch.Tensor, labels: torch.Tensor, scores: torch.Tensor,
             classes: torch.Tensor, *, previous: Calibration | None = None,
-            max_records: int = MAX_RECORDS) -> Calibration:
-        """Fit from records: ``novelty`` ``(n,)``, ``labels`` ``(n,)``, the head's class scores
-        ``scores`` ``(n, C)`` with columns labelled by ``classes`` ``(C,)`` (or by each row's
-        own labels, ``(n, C)``, ``-1`` where a column holds no class); with ``previous`` (the
-        calibration of earlier tasks), its newest records join them up to ``max_records`` in
-        all (these records are always kept). Returns ``self``."""
+            max_records: int = MAX_RECORDS, method: str = DISTANCE_DEFAULT) -> Calibration:
+        """Fit from records: ``novelty`` ``(n,)`` (the novelty score ``method``), ``labels``
+        ``(n,)``, the head's class scores ``scores`` ``(n, C)`` with columns labelled by
+        ``classes`` ``(C,)`` (or by each row's own labels, ``(n, C)``, ``-1`` where a column
+        holds no class); with ``previous`` (the calibration of earlier tasks, if its records
+        were scored with the same ``method``), its newest records join them up to
+        ``max_records`` in all (these records are always kept). Returns ``self``."""
         labels = torch.as_tensor(labels, dtype=torch.int64).reshape(-1)
         classes = torch.as_tensor(classes, dtype=torch.int64)
         scores = scores.to(torch.float64).cpu()
@@ -264,7 +268,8 @@ class Calibration(Stateful):
         self.scored_by_ = classes.amax(1).clone()
         self.labels_ = labels
         self.novelty_ = novelty.to(torch.float64).cpu().reshape(-1)
-        if previous is not None:
+        self.method_ = check_method(method)
+        if previous is not None and previous.method_ == self.method_:
             self._prepend(previous, max(0, int(max_records) - self.n_records))
         return self._refit()
 
@@ -348,6 +353,8 @@ class Calibration(Stateful):
         if "scored_by_" not in self.__dict__ and "labels_" in self.__dict__:
             # saved before records kept their head: any head may have held any class
             self.scored_by_ = torch.full_like(self.labels_, torch.iinfo(torch.int64).max)
+        if "method_" not in self.__dict__ and "labels_" in self.__dict__:
+            self.method_ = DISTANCE_DEFAULT  # every head's default before others existed
         return self
 
     @property
@@ -455,4 +462,5 @@ def held_out_calibration(head, stats, X: torch.Tensor, y: torch.Tensor, *,
                              torch.cat([s for s, _ in best])[where],
                              torch.cat([c for _, c in best])[where],
                              previous=previous if len(rows) < min_records else None,
-                             max_records=min_records)
+                             max_records=min_records,
+                             method=head.default_novelty if method is None else method)

@@ -656,9 +656,10 @@ class _GaussianClassifier(ClassifierMixin, BaseEstimator):
     def score_samples(self, X, method=None):
         """Novelty scores, shape ``(n_samples,)``: higher means more typical of the classes
         learned so far (as scikit-learn's novelty detectors score). ``method`` names one of
-        :data:`gdacil.novelty.NOVELTY_SCORES` (the Gaussian heads' default:
-        ``"shrunk_relative_mahalanobis"``; RanPAC, ACIL and RBF-LDA offer ``"msp"``, their
-        default, and ``"energy"``). See :mod:`gdacil.novelty`.
+        :data:`gdacil.novelty.NOVELTY_SCORES` (the default: the head's ``default_novelty``,
+        ``"relative_likelihood"`` for LR-RGDA and RGDA, ``"shrunk_relative_mahalanobis"`` for
+        the other Gaussian heads; RanPAC, ACIL and RBF-LDA offer ``"msp"``, their default, and
+        ``"energy"``). See :mod:`gdacil.novelty`.
 
         Examples
         --------

@@ -29,7 +29,9 @@ runs them all without pytest. The checks:
 - ``top_k`` (where the head has one): its labels are the dense scores' top ``k`` for ``k = 1,
   2, 3`` (ties aside), also with the options in ``top_k_options``;
 - novelty: every distance score of ``score_samples`` equals its dense reference
-  (:func:`novelty_reference`), the default is the shrunk relative Mahalanobis score, ``"msp"``
+  (:func:`novelty_reference`), and so does ``"relative_likelihood"`` on heads whose scores are
+  class log-densities (``densities``; the others refuse it), the default is the head's
+  ``default_novelty`` (:data:`gdacil.novelty.DEFAULT_SCORE` or ``DISTANCE_DEFAULT``), ``"msp"``
   and ``"energy"`` follow the class scores, and the scores are the same after a ``merge`` of the
   statistics and after a state round trip.
 
@@ -170,9 +172,12 @@ def gaussian_scores(X: torch.Tensor, means: torch.Tensor, covs: torch.Tensor,
     return torch.stack(out, 1)
 
 
-def novelty_reference(stats: ClassStatistics, X: torch.Tensor, method: str) -> torch.Tensor:
+def novelty_reference(stats: ClassStatistics, X: torch.Tensor, method: str,
+                      class_densities: torch.Tensor | None = None) -> torch.Tensor:
     """The dense reference of a distance score of :mod:`gdacil.novelty`: every covariance
-    formed and solved explicitly, class by class, in float64.
+    formed and solved explicitly, class by class, in float64. ``"relative_likelihood"`` also
+    needs the head's ``log N(x; mu_c, Sigma_c) + log pi_c`` ``(n, C)`` as ``class_densities``
+    (:func:`gaussian_scores` of its covariances).
 
     Examples
     --------
@@ -203,6 +208,11 @@ def novelty_reference(stats: ClassStatistics, X: torch.Tensor, method: str) -> t
     nearest = torch.stack([distance(shared, m) for m in mu], 1).amin(1)
     if method == "mahalanobis":
         return -nearest
+    if method == "relative_likelihood":
+        assert class_densities is not None, "relative_likelihood needs the class densities"
+        head = class_densities.to(torch.float64).logsumexp(1) + 0.5 * torch.logdet(shared)
+        near = -0.5 * nearest
+        return 0.5 * (head + near) + 0.5 * BACKGROUND_WEIGHT * distance(shared + between, center)
     weight = {"relative_mahalanobis": 1.0, "shrunk_relative_mahalanobis": BACKGROUND_WEIGHT}[method]
     return weight * distance(shared + between, center) - nearest
 
@@ -302,12 +312,17 @@ class HeadContract:
     top_k_options : mapping, default {}
         Keyword arguments of a second pass of the ``top_k`` check (``{"pruned": True}`` for
         LR-RGDA: its pruned search, which it uses only from 1000 classes on by default).
+    densities : bool, default False
+        True when ``reference`` is the class log-densities ``log N(x; mu_c, Sigma_c) + log pi_c``
+        themselves and the head offers ``"relative_likelihood"``, checked against
+        :func:`novelty_reference` of them; False: the head must refuse that score.
     """
 
     exact_scores: ClassVar[bool] = False
     tol: ClassVar[float] = 1e-9
     state_is_nested: ClassVar[bool] = False
     top_k_options: ClassVar[Mapping[str, Any]] = {}
+    densities: ClassVar[bool] = False
 
     def make_head(self, **kw: Any) -> GaussianHead:
         """A new, unfitted head; ``kw`` (``priors``, ``dtype``, ``class_batch_size``) must reach
@@ -551,7 +566,7 @@ class HeadContract:
 
     # ------------------------------------------------------------------ novelty
     def test_novelty_scores_match_the_dense_reference(self) -> None:
-        from .novelty import DISTANCE_SCORES, logit_score
+        from .novelty import DEFAULT_SCORE, DISTANCE_DEFAULT, DISTANCE_SCORES, logit_score
 
         stats, _, _ = make_stats()
         X = queries(stats.dim)
@@ -561,9 +576,20 @@ class HeadContract:
             assert got.shape == (len(X),) and got.dtype == torch.float64, f"{method}: shape/dtype"
             assert self._close(got, novelty_reference(stats, X, method)), \
                 f"score_samples({method!r}) differs from the dense reference"
+        if self.densities:
+            got = head.score_samples(X, "relative_likelihood")
+            expected = novelty_reference(stats, X, "relative_likelihood",
+                                         self.reference(stats, X))
+            assert self._close(got, expected), \
+                "score_samples('relative_likelihood') differs from the dense reference"
+        else:
+            with _raises(ValueError, "offers no 'relative_likelihood'"):
+                head.score_samples(X, "relative_likelihood")
         default = head.score_samples(X)
-        assert torch.equal(default, head.score_samples(X, "shrunk_relative_mahalanobis")), \
-            "the default novelty score is not shrunk_relative_mahalanobis"
+        assert head.default_novelty in (DEFAULT_SCORE if self.densities else DISTANCE_DEFAULT,
+                                        DISTANCE_DEFAULT), head.default_novelty
+        assert torch.equal(default, head.score_samples(X, head.default_novelty)), \
+            "the default novelty score is not the head's default_novelty"
         for method in ("msp", "energy"):
             assert torch.equal(head.score_samples(X, method),
                                logit_score(head.decision_function(X), method)), method

@@ -22,6 +22,7 @@ from _assets import needs_minilm, needs_wordnet
 
 class TestNCM(HeadContract):
     exact_scores = True
+    densities = True
 
     def make_head(self, **kw):
         return NCM(**kw)
@@ -78,6 +79,7 @@ class TestPaperLDA(TestLDA):
 
 class TestRGDA(HeadContract):
     exact_scores = True
+    densities = True
     unit = staticmethod(per_sample_variance)
     alphas = (0.1, 2.0, 0.6)
 
@@ -110,6 +112,7 @@ class TestPaperRGDA(TestRGDA):
 
 class TestLRRGDA(HeadContract):
     rank = 3
+    densities = True
     top_k_options: ClassVar = {"pruned": True, "screen_rank": 1}  # pruned search, few classes
     unit = staticmethod(per_sample_variance)
     alphas = (0.1, 2.0, 0.6)
@@ -136,6 +139,7 @@ class TestPaperLRRGDA(TestLRRGDA):
 
 class TestQDA(HeadContract):
     exact_scores = True
+    densities = True
 
     def make_head(self, **kw):
         return QDA(0.05, **kw)

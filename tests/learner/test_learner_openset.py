@@ -322,9 +322,11 @@ def test_calibrate_on_held_out_samples_scores_them_with_the_head(learned, tmp_pa
     y = torch.tensor([ids[n] for n in labels])
     X = learner._features(inputs)
     head = learner.head
+    assert head.default_novelty == "relative_likelihood"
     expected = Calibration().fit(head.score_samples(X).double(), y,
                                  head.decision_function(X).double(),
-                                 torch.tensor(head.classes_.tolist()))
+                                 torch.tensor(head.classes_.tolist()),
+                                 method="relative_likelihood")
     assert same_calibration(learner.calibration, expected)
     assert learner.statistics.counts.tolist() == learned.statistics.counts.tolist()
     assert learner.predict(colour_images("red", 1, seed=8), reject=True, reject_rate=0.1)
@@ -351,3 +353,19 @@ def test_a_model_saved_before_calibration_loads_and_says_it_has_none(tmp_path):
     assert learner.calibration.n_records == 10
     assert learner.save(model) == "v3"
     assert Learner.load(model).calibration.n_records == 10
+
+
+def test_a_calibration_saved_under_the_earlier_default_scores_new_inputs_its_way(learned):
+    """Records saved before calibrations named their score were shrunk relative Mahalanobis
+    scores (every head's default then): predictions compare new inputs on that score."""
+    learner = learned.copy()
+    tensors, meta = learner.calibration.state_dict()
+    attributes = {k: v for k, v in meta["attributes"].items() if k != "method_"}
+    learner._calibration = Calibration().load_state_dict(tensors, {**meta,
+                                                                   "attributes": attributes})
+    assert learner.calibration.method_ == "shrunk_relative_mahalanobis"
+    x = colour_images("red", 3, seed=11)
+    got = [p.novelty for p in learner.predict(x, reject=True, reject_rate=0.1)]
+    expected = learner.head.score_samples(learner._features(x), "shrunk_relative_mahalanobis")
+    assert got == expected.tolist()
+    assert learned.calibration.method_ == "relative_likelihood"  # what learns record now

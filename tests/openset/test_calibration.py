@@ -242,6 +242,25 @@ def test_forget_keeps_only_records_scored_by_heads_that_never_held_the_classes()
     assert copy.deepcopy(cal2).forget([]).n_records == cal2.n_records
 
 
+def test_records_of_another_novelty_score_do_not_join():
+    stats, X, y = make_stats()
+    first, later = y < 30, y >= 30
+    head = LRRGDA(rank=3).fit(stats)
+    def calibrated(part, **kw):
+        folds = calibration_folds(y[part], 0.5, 0)
+        return held_out_calibration(head, stats, X[part], y[part], folds=folds, **kw)
+
+    old = calibrated(first, method="mahalanobis")
+    same = calibrated(later, previous=old, method="mahalanobis", min_records=10_000)
+    other = calibrated(later, previous=old, min_records=10_000)
+    assert old.method_ == same.method_ == "mahalanobis"
+    assert same.n_records == old.n_records + int(later.sum())
+    assert other.method_ == "relative_likelihood" and other.n_records == int(later.sum())
+    with pytest.raises(ValueError, match="unknown novelty score 'knn'"):
+        Calibration().fit(torch.zeros(2), torch.tensor([3, 13]), torch.zeros(2, 2),
+                          torch.tensor([3, 13]), method="knn")
+
+
 def test_a_calibration_saved_before_records_kept_their_head_forgets_everything():
     _, cal2 = _two_task_calibrations()
     tensors, meta = cal2.state_dict()

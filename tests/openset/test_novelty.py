@@ -11,7 +11,13 @@ import torch
 from gdacil import ClassGaussians
 from gdacil.heads import ACIL, LDA, LRRGDA, NCM, QDA, RBFLDA, RGDA, FeCAM, RanPAC
 from gdacil.heads.base import ModelTerms
-from gdacil.novelty import DEFAULT_SCORE, DISTANCE_SCORES, NOVELTY_SCORES, ClassNovelty
+from gdacil.novelty import (
+    DEFAULT_SCORE,
+    DISTANCE_SCORES,
+    MIXTURE_SCORES,
+    NOVELTY_SCORES,
+    ClassNovelty,
+)
 from gdacil.sklearn import LRRGDAClassifier, RanPACClassifier
 from gdacil.testing import make_stats, novelty_reference, queries
 
@@ -27,14 +33,14 @@ def _two_class_plane(n=400, seed=0):
     return X, y
 
 
-def test_default_score_falls_without_bound_away_from_every_class():
+def test_the_shrunk_relative_score_falls_without_bound_away_from_every_class():
     X, y = _two_class_plane()
     head = LRRGDA(rank=2).fit(ClassGaussians(6).update(X, y))
     # a ray orthogonal to the direction in which the class means differ
     ray = torch.zeros(5, 6, dtype=torch.float64)
     ray[:, 0] = 2.0
     ray[:, 3] = torch.tensor([0.0, 5.0, 10.0, 20.0, 40.0], dtype=torch.float64)
-    default = head.score_samples(ray)
+    default = head.score_samples(ray, "shrunk_relative_mahalanobis")
     assert bool((default.diff() < 0).all())
     assert float(default[-1]) < float(head.score_samples(X).min())
     # the classical relative score cannot see that direction (the two distances nearly cancel):
@@ -49,8 +55,10 @@ def test_scores_are_invariant_to_a_positive_rescaling(head_class):
     Q = queries(stats.dim)
     head = head_class().fit(stats)
     scaled = head_class().fit(ClassGaussians(stats.dim).update(7.0 * X, y))
-    # the distance scores always; msp where the head's own scores are scale-free
-    for method in (*DISTANCE_SCORES, *(["msp"] if head_class not in (NCM, FeCAM) else [])):
+    # the distance scores always; msp and the relative likelihood where the head's own scores
+    # are scale-free (NCM's identity covariance and QDA's absolute reg_param are not)
+    for method in (*DISTANCE_SCORES, *(["msp"] if head_class not in (NCM, FeCAM) else []),
+                   *(["relative_likelihood"] if head_class in (RGDA, LRRGDA) else [])):
         a, b = head.score_samples(Q, method), scaled.score_samples(7.0 * Q, method)
         scale = float(a.abs().max())
         assert float((a - b).abs().max()) <= 1e-8 * scale, method
@@ -62,7 +70,7 @@ def test_forgetting_a_class_gives_the_scores_of_statistics_that_never_held_it():
     keep = y != 13
     never = ClassGaussians(stats.dim).update(X[keep], y[keep])
     forgotten = stats.copy().remove_classes([13])
-    for method in DISTANCE_SCORES:
+    for method in (*DISTANCE_SCORES, *MIXTURE_SCORES):
         a = LRRGDA(rank=3).fit(forgotten).score_samples(Q, method)
         b = LRRGDA(rank=3).fit(never).score_samples(Q, method)
         assert float((a - b).abs().max()) <= 1e-10 * float(b.abs().max()), method

@@ -42,7 +42,14 @@ from .._validation import (
     first_nonfinite,
 )
 from ..errors import NotFittedError
-from ..novelty import DISTANCE_SCORES, ClassNovelty, check_method, logit_score
+from ..novelty import (
+    DISTANCE_DEFAULT,
+    DISTANCE_SCORES,
+    MIXTURE_SCORES,
+    ClassNovelty,
+    check_method,
+    logit_score,
+)
 from ..state import State, Stateful, json_params
 from ..stats import ClassStatistics
 
@@ -222,6 +229,8 @@ class GaussianHead(Params, Presets, Stateful, ABC):
         (cache-sized) and the build buffers near 64 MiB.
     """
 
+    #: The novelty score ``score_samples`` computes when none is named (:mod:`gdacil.novelty`)
+    default_novelty: ClassVar[str] = DISTANCE_DEFAULT
     _state_attributes: ClassVar[tuple[str, ...]] = (
         "classes_", "n_features_in_", "rows_", "bias_", "sign_", "dtype_", "device_",
         *("novelty_" + name for name in ClassNovelty.attributes))
@@ -377,13 +386,18 @@ class GaussianHead(Params, Presets, Stateful, ABC):
         (``None``: none). It changes neither ``argmax`` nor the softmax."""
         return None
 
-    def _decision(self, X: torch.Tensor) -> torch.Tensor:
+    def _dense_scores(self, X: torch.Tensor) -> torch.Tensor:
+        """Scores ``(n, C)`` in the head's dtype with the per-sample offset (may overflow)."""
         out = torch.empty(X.shape[0], self.rows_.shape[0], dtype=self.dtype_, device=self.device_)
         for start, stop, scores in self._score_blocks(X):
             out[:, start:stop] = scores
         offset = self._sample_offset(X)
         if offset is not None:
             out += offset
+        return out
+
+    def _decision(self, X: torch.Tensor) -> torch.Tensor:
+        out = self._dense_scores(X)
         if not bool(finite_flag(out)):  # overflow in the head's dtype: rescale in float64
             out = rescaled_scores(self, self._scores64(X), self.dtype_)
         return out
@@ -474,10 +488,11 @@ class GaussianHead(Params, Presets, Stateful, ABC):
         X : array-like of shape (n, d)
             Features, as the head takes them.
         method : str, optional
-            One of :data:`gdacil.novelty.NOVELTY_SCORES`; default ``"shrunk_relative_mahalanobis"``.
-            The distance scores come from the class statistics the head was fitted on (a head
-            fitted with ``model_terms``, one shard of a model, has only ``"msp"`` and
-            ``"energy"``).
+            One of :data:`gdacil.novelty.NOVELTY_SCORES`; default the head's
+            ``default_novelty`` (``"relative_likelihood"`` for LR-RGDA and RGDA,
+            ``"shrunk_relative_mahalanobis"`` for the others). The distance scores come from
+            the class statistics the head was fitted on (a head fitted with ``model_terms``,
+            one shard of a model, has only ``"msp"`` and ``"energy"``).
 
         Examples
         --------
@@ -492,16 +507,41 @@ class GaussianHead(Params, Presets, Stateful, ABC):
         >>> bool(scores[0] > scores[1])
         True
         """
-        method = check_method(method)
-        if method in DISTANCE_SCORES:
+        method = check_method(method, default=self.default_novelty)
+        if method in DISTANCE_SCORES or method in MIXTURE_SCORES:
+            mixture = self._log_mixture(X) if method in MIXTURE_SCORES else None
             X = self._novelty_features(X)
             if not hasattr(self, "novelty_means_"):
                 raise ValueError(
                     f"{type(self).__name__} has no class statistics' novelty state (fitted with "
                     f"model_terms, or saved before gdacil kept it): refit it on statistics, or "
                     f"use method='msp' or 'energy'")
-            return ClassNovelty.of(self).score(X, method)
+            return ClassNovelty.of(self).score(X, method, log_mixture=mixture)
         return logit_score(self.decision_function(X), method)
+
+    def _density_offset(self, X: torch.Tensor) -> torch.Tensor | None:
+        """What the class scores of ``X`` (before any rescaling, :meth:`_dense_scores`) hold
+        beyond ``log N(x; mu_c, Sigma_c) + log pi_c`` (up to ``-d/2 log 2 pi``), the same for
+        every class: ``(n,)``, or ``None`` when the scores are no Gaussian log-densities (no
+        ``"relative_likelihood"``)."""
+        return None
+
+    def _log_mixture(self, X) -> torch.Tensor:
+        """``log sum_c pi_c N(x; mu_c, Sigma_c)`` ``(n,)`` of the head's class Gaussians, float64
+        (what ``"relative_likelihood"`` needs besides the statistics' distances)."""
+        X = self._prepare(X)
+        offset = self._density_offset(X)
+        if offset is None:
+            raise ValueError(f"{type(self).__name__}'s class scores are not Gaussian "
+                             "log-densities, so it offers no 'relative_likelihood'; use "
+                             f"{self.default_novelty!r} (its default) or another score")
+        scores = self._dense_scores(X)
+        if not bool(finite_flag(scores)):  # overflow in the head's dtype: float64, unshifted
+            scores = self._scores64(X)
+            extra = self._sample_offset(X)
+            if extra is not None:
+                scores = scores + extra.to(torch.float64)
+        return scores.to(torch.float64).logsumexp(1) - offset.to(torch.float64)
 
     def _novelty_features(self, X) -> torch.Tensor:
         """``X`` as the statistics describe it (heads that transform their input override)."""

@@ -35,6 +35,7 @@ import torch
 from .._deprecation import renamed_parameters
 from .._hardware import native_bfloat16
 from .._validation import all_finite, check_positive_int, check_seed
+from ..novelty import DEFAULT_SCORE
 from ..state import State
 from ..stats import ClassStatistics, LowRankGaussians
 from ..stats.linalg import class_top_eigh, logdet_from_cholesky, psd_cholesky, symmetrize
@@ -195,6 +196,7 @@ class LRRGDA(GaussianHead):
     (torch.Size([5]), torch.Size([3, 5, 16]))
     """
 
+    default_novelty: ClassVar[str] = DEFAULT_SCORE
     # set by fit (from what _build returns): what the pruned search of top_k bounds scores with
     kappa_: torch.Tensor
     mean_precision_: torch.Tensor
@@ -638,6 +640,12 @@ class LRRGDA(GaussianHead):
             cached["center"] = self.center_
         self._screen_cache = cached
         return cached
+
+    def _density_offset(self, X: torch.Tensor) -> torch.Tensor:
+        """``1/2 x^T B^{-1} x``: what the scores hold beyond the class log-densities."""
+        # contiguous: a loaded head (whose tensors are) then scores bit for bit alike
+        whitened = X.to(torch.float64) @ self.base_whitener_.to(torch.float64).contiguous().T
+        return 0.5 * whitened.square().sum(1)
 
     def _bounds(self, X: torch.Tensor, j: int, dtype: torch.dtype):
         """Linear scores, lower and upper bounds of the scores (each ``(n, C)``, the upper ones

@@ -90,6 +90,8 @@ class MappedLinearHead(Params, Presets, Stateful, ABC):
     """
 
     _FORMAT: ClassVar[str] = ""
+    #: The novelty score ``score_samples`` computes when none is named
+    default_novelty: ClassVar[str] = "msp"
 
     def __init__(self, *, dtype="float64", max_bytes=DEFAULT_MAX_BYTES, forgettable=False):
         self.dtype = dtype
@@ -400,7 +402,7 @@ class MappedLinearHead(Params, Presets, Stateful, ABC):
         >>> head.score_samples(X[:3]).shape
         torch.Size([3])
         """
-        method = check_method(method, LOGIT_SCORES, default="msp")
+        method = check_method(method, LOGIT_SCORES, default=self.default_novelty)
         return logit_score(self.decision_function(X), method)
 
     def score(self, X, y) -> float:

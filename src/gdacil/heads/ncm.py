@@ -64,6 +64,10 @@ class NCM(GaussianHead):
             X = X / norms
         return X
 
+    def _density_offset(self, X):
+        """Euclidean: none, the scores are log-densities under identity covariances."""
+        return X.new_zeros(X.shape[0]).double() if self.metric == "euclidean" else None
+
     def _sample_offset(self, X):
         if self.metric == "euclidean":  # -1/2 ||x||^2 completes -1/2 ||x - mu_c||^2
             return -0.5 * (X * X).sum(1, keepdim=True)

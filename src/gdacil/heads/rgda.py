@@ -12,6 +12,7 @@ from typing import Any, ClassVar, cast
 import torch
 
 from .._validation import check_nonnegative
+from ..novelty import DEFAULT_SCORE, DISTANCE_DEFAULT
 from ..stats.linalg import logdet_from_cholesky, psd_cholesky
 from .base import GaussianHead, stack_rows
 
@@ -146,6 +147,7 @@ class RGDA(GaussianHead):
     """
 
     _state_attributes = (*GaussianHead._state_attributes, "identity_scale_")
+    default_novelty: ClassVar[str] = DEFAULT_SCORE
 
     def __init__(self, alpha1=DEFAULT_ALPHAS[0], alpha2=DEFAULT_ALPHAS[1],
                  alpha3=DEFAULT_ALPHAS[2], *, identity_scale="samples", priors=None, device=None,
@@ -171,6 +173,10 @@ class RGDA(GaussianHead):
         super()._check_params()
         self._alphas()
         check_identity_scale(self.identity_scale)
+
+    def _density_offset(self, X: torch.Tensor) -> torch.Tensor:
+        """Nothing: the scores are the class log-densities, log-determinants included."""
+        return X.new_zeros(X.shape[0], dtype=torch.float64)
 
     def _build(self, stats, log_priors):
         a1, a2, a3 = self._alphas()
@@ -221,6 +227,9 @@ class QDA(RGDA):
     >>> QDA(reg_param=0.1).fit(ClassGaussians(3).update(X, y)).predict(X[:3]).shape
     torch.Size([3])
     """
+
+    # reg_param is absolute: its class densities are not scale-free
+    default_novelty: ClassVar[str] = DISTANCE_DEFAULT
 
     def __init__(self, reg_param=0.0, *, priors=None, device=None, dtype="float64",
                  class_batch_size="auto"):

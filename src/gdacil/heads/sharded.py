@@ -82,6 +82,9 @@ class ShardedHead:
     True
     """
 
+    #: The novelty score ``score_samples`` computes when none is named
+    default_novelty = "msp"
+
     def __init__(self, head: GaussianHead):
         self.head = head
 
@@ -259,7 +262,7 @@ class ShardedHead:
         the gathered statistics (:func:`gdacil.distributed.all_reduce_stats`) for those."""
         from ..novelty import LOGIT_SCORES, check_method
 
-        method = check_method(method, LOGIT_SCORES, default="msp")
+        method = check_method(method, LOGIT_SCORES, default=self.default_novelty)
         best, _, proba = self.top_k(X, 1, proba=True)
         if method == "msp":
             return proba[:, 0].to(torch.float64)

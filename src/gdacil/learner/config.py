@@ -117,7 +117,8 @@ class LearnerConfig(TypedConfig):
         inputs of known classes it may call unknown.
     novelty : str, optional
         The novelty score of rejection (:data:`gdacil.novelty.NOVELTY_SCORES`); None: the head's
-        default (``"shrunk_relative_mahalanobis"``).
+        default (``"relative_likelihood"`` for LR-RGDA). The calibration records which score
+        its records have, and predictions score new inputs with that one.
     """
 
     backbone: str = _DEFAULT_BACKBONE

@@ -76,6 +76,7 @@ from ..cil.model import IncrementalModel, TaskData, backbone_weights, task_seed
 from ..cil.progress import format_duration
 from ..data import extract_features
 from ..io import CorruptFileError
+from ..novelty import NOVELTY_SCORES
 from ..registry import UnknownNameError
 from ..state import load_state, save_state
 from ..stats import ClassGaussians, ClassStatistics
@@ -644,8 +645,9 @@ class Learner:
             top = head.top_k(X, k, proba=probabilities)
             scores, labels = top[0].to(torch.float64).cpu(), top[1].tolist()
             proba = top[2].to(torch.float64).cpu().tolist() if probabilities else None
-        novelty = (head.score_samples(X, self.config.novelty).cpu().tolist() if reject
-                   else None)
+        # the records' score: a model saved under an earlier default keeps it
+        novelty = (head.score_samples(X, cast(Calibration, calibration).method_).cpu().tolist()
+                   if reject else None)
         out = []
         for i, (s, row) in enumerate(zip(scores.tolist(), labels)):
             extra: dict = {}
@@ -755,11 +757,12 @@ class Learner:
         X = self._extract(list(samples.keys), self._loader(samples.load), progress,
                           what="calibrate")
         head = self._head
+        method = self.config.novelty or head.default_novelty
         y = torch.tensor([self._ids[n] for n in samples.labels], dtype=torch.int64)
         self._calibration = Calibration().fit(
-            head.score_samples(X, self.config.novelty).to(torch.float64).cpu(), y,
+            head.score_samples(X, method).to(torch.float64).cpu(), y,
             head.decision_function(X).to(torch.float64).cpu(),
-            torch.as_tensor(head.classes_.tolist(), dtype=torch.int64))
+            torch.as_tensor(head.classes_.tolist(), dtype=torch.int64), method=method)
         self._pending.append({"action": "calibrate", "source": samples.source,
                               "samples": len(samples)})
         return len(samples)
@@ -1080,7 +1083,7 @@ def _read_calibration(path: Path, order: list[int]) -> Calibration:
             or calibration.scores_.ndim != 2 or calibration.scores_.shape[0] != n
             or calibration.score_classes_.shape != calibration.scores_.shape
             or isinstance(temperature, bool) or not isinstance(temperature, (int, float))
-            or not 0 < temperature < math.inf):
+            or not 0 < temperature < math.inf or calibration.method_ not in NOVELTY_SCORES):
         raise corrupt("holds a calibration whose parts do not fit together")
     if not set(calibration.labels_.tolist()) <= set(order):
         raise corrupt("holds calibration records of classes the model does not hold")
