@@ -390,10 +390,15 @@ def run(feature_sets, scalings, seeds, *, anchors: bool = True, runs_dir=None, l
 
 # ---------------------------------------------------------------------- report
 def _score_names(payload: dict) -> list[str]:
+    """The scores of the cells: the default first, then gdacil's, Mahalanobis++ and the
+    anchors in the payload's order (stored runs sort their scores by name)."""
+    listed = [payload["default_score"], *payload.get("scores", []), MAHALANOBIS_PP,
+              *payload.get("anchors", [])]
     names: list[str] = []
     for cell in payload["cells"]:
         names += [m for m in cell["scores"] if m not in names]
-    return names
+    rank = {m: i for i, m in enumerate(dict.fromkeys(listed))}
+    return sorted(names, key=lambda m: (rank.get(m, len(rank)), names.index(m)))
 
 
 def _marked(values: dict, names: list[str], best: float) -> list[str]:
