@@ -47,6 +47,7 @@ NCM's scores are the Gaussian log-posterior under identity covariances, exactly:
 >>> from gdacil.testing import HeadContract, gaussian_scores, uniform_log_priors
 >>> class TestNCM(HeadContract):
 ...     exact_scores = True
+...     densities = True  # its scores are class log-densities: "relative_likelihood" is checked
 ...
 ...     def make_head(self, **kw):
 ...         return NCM(**kw)

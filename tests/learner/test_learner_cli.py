@@ -135,7 +135,7 @@ def test_predict_rejects_unknown_inputs_and_gives_conformal_sets(tmp_path, capsy
     image_folder(tmp_path / "photos", ["red", "green", "blue"], 20)  # 60 records
     ok(capsys, "learn", "model", "--data", "photos", *TINY)
     assert re.search(r"^calibration +60 records, temperature \S+, threshold \S+ at reject rate "
-                     r"0.05$", ok(capsys, "info", "model"), re.M)
+                     r"0.05 \(relative_likelihood\)$", ok(capsys, "info", "model"), re.M)
     image_folder(tmp_path / "query", ["red", "yellow", "purple"], 2, seed=5)
     listed = json.loads(ok(capsys, "predict", "model", "query", "--reject", "--reject-rate",
                            "0.25", "--top-k", "2"))

@@ -78,7 +78,8 @@ def test_a_learn_calibrates_on_cross_fitted_records_of_its_own_samples(learned):
     torch.testing.assert_close(calibration.scores_, again.scores_, rtol=1e-9, atol=1e-6)
     assert calibration.temperature_ == pytest.approx(again.temperature_, rel=1e-6)
     info = learned.info()["calibration"]
-    assert info == {"records": 60, "temperature": calibration.temperature_, "reject_rate": 0.05,
+    assert info == {"records": 60, "novelty": "relative_likelihood",
+                    "temperature": calibration.temperature_, "reject_rate": 0.05,
                     "threshold": calibration.threshold(0.05)}
 
 
@@ -117,6 +118,9 @@ def test_no_calibration_without_a_share_or_with_low_rank_statistics():
         with pytest.raises(ValueError, match="needs a calibrated model"):
             learner.predict_set(X[:2])
         assert learner.predict(X[:2])[0].novelty is None  # predicting as before
+        # held-out samples calibrate them all the same
+        assert learner.calibrate(*colour_set(KNOWN, 8, seed=3)) == 24
+        assert learner.predict(X[:2], reject=True, reject_rate=0.2)[0].novelty is not None
 
 
 def test_a_failing_calibration_fails_the_learn_and_changes_nothing(learned, monkeypatch):

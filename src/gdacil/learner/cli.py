@@ -402,6 +402,7 @@ def _calibration_line(calibration: dict | None) -> str:
     at = (f"threshold {threshold:.4g} at reject rate {calibration['reject_rate']:g}"
           if threshold is not None else
           f"too few records for reject rate {calibration['reject_rate']:g}")
+    at += f" ({calibration['novelty']})"  # the score the threshold is on
     return (f"{calibration['records']} records, temperature "
             f"{calibration['temperature']:.4g}, {at}")
 
