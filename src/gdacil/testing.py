@@ -52,6 +52,9 @@ NCM's scores are the Gaussian log-posterior under identity covariances, exactly:
 ...     def make_head(self, **kw):
 ...         return NCM(**kw)
 ...
+...     def mixture_covariance(self, stats):
+...         return torch.eye(stats.dim, dtype=torch.float64)
+...
 ...     def reference(self, stats, X):
 ...         eye = torch.eye(stats.dim, dtype=torch.float64).expand(stats.n_classes, -1, -1)
 ...         return gaussian_scores(X, stats.means, eye, uniform_log_priors(stats))
@@ -174,11 +177,13 @@ def gaussian_scores(X: torch.Tensor, means: torch.Tensor, covs: torch.Tensor,
 
 
 def novelty_reference(stats: ClassStatistics, X: torch.Tensor, method: str,
-                      class_densities: torch.Tensor | None = None) -> torch.Tensor:
+                      class_densities: torch.Tensor | None = None,
+                      mixture_covariance: torch.Tensor | None = None) -> torch.Tensor:
     """The dense reference of a distance score of :mod:`gdacil.novelty`: every covariance
     formed and solved explicitly, class by class, in float64. ``"relative_likelihood"`` also
     needs the head's ``log N(x; mu_c, Sigma_c) + log pi_c`` ``(n, C)`` as ``class_densities``
-    (:func:`gaussian_scores` of its covariances).
+    (:func:`gaussian_scores` of its covariances) and the mean ``(d, d)`` of its class
+    covariances as ``mixture_covariance``.
 
     Examples
     --------
@@ -210,10 +215,15 @@ def novelty_reference(stats: ClassStatistics, X: torch.Tensor, method: str,
     if method == "mahalanobis":
         return -nearest
     if method == "relative_likelihood":
-        assert class_densities is not None, "relative_likelihood needs the class densities"
+        assert class_densities is not None and mixture_covariance is not None, \
+            "relative_likelihood needs the class densities and their mean covariance"
         head = class_densities.to(torch.float64).logsumexp(1) + 0.5 * torch.logdet(shared)
         near = -0.5 * nearest
-        return 0.5 * (head + near) + 0.5 * BACKGROUND_WEIGHT * distance(shared + between, center)
+        # each model against the Gaussian of its mixture's mean and covariance, in S's units
+        near_background = distance(shared + between, center)
+        head_background = distance(mixture_covariance.to(torch.float64) + between, center)
+        return 0.5 * (near + 0.5 * BACKGROUND_WEIGHT * near_background
+                      + head + 0.5 * BACKGROUND_WEIGHT * head_background)
     weight = {"relative_mahalanobis": 1.0, "shrunk_relative_mahalanobis": BACKGROUND_WEIGHT}[method]
     return weight * distance(shared + between, center) - nearest
 
@@ -316,7 +326,8 @@ class HeadContract:
     densities : bool, default False
         True when ``reference`` is the class log-densities ``log N(x; mu_c, Sigma_c) + log pi_c``
         themselves and the head offers ``"relative_likelihood"``, checked against
-        :func:`novelty_reference` of them; False: the head must refuse that score.
+        :func:`novelty_reference` of them and of ``mixture_covariance(stats)``; False: the head
+        must refuse that score.
     """
 
     exact_scores: ClassVar[bool] = False
@@ -334,6 +345,12 @@ class HeadContract:
         """The scores ``(n, C)`` the head should give ``X`` once fitted on ``stats``, computed
         independently of the head (:func:`gaussian_scores` for a Gaussian head)."""
         raise NotImplementedError(f"{type(self).__name__} must define reference(self, stats, X)")  # intended: the subclass gives it
+
+    def mixture_covariance(self, stats: ClassStatistics) -> torch.Tensor:
+        """With ``densities``: the mean ``(d, d)`` of the class covariances whose mixture the
+        head's ``"relative_likelihood"`` compares with its class-agnostic Gaussian."""
+        raise NotImplementedError(f"{type(self).__name__} sets densities, so it must define "
+                                  "mixture_covariance(self, stats)")  # intended: the subclass gives it
 
     def check(self) -> list[str]:
         """Run every check (each ``test_*`` method, in the order they are defined) and return
@@ -580,7 +597,7 @@ class HeadContract:
         if self.densities:
             got = head.score_samples(X, "relative_likelihood")
             expected = novelty_reference(stats, X, "relative_likelihood",
-                                         self.reference(stats, X))
+                                         self.reference(stats, X), self.mixture_covariance(stats))
             assert self._close(got, expected), \
                 "score_samples('relative_likelihood') differs from the dense reference"
         else:

@@ -27,6 +27,9 @@ class TestNCM(HeadContract):
     def make_head(self, **kw):
         return NCM(**kw)
 
+    def mixture_covariance(self, stats):
+        return torch.eye(stats.dim, dtype=torch.float64)
+
     def reference(self, stats, X):
         d = stats.dim
         eye = torch.eye(d, dtype=torch.float64).expand(stats.n_classes, d, d)
@@ -86,12 +89,17 @@ class TestRGDA(HeadContract):
     def make_head(self, **kw):
         return RGDA(**kw)
 
-    def reference(self, stats, X):
+    def covariances(self, stats):
         a1, a2, a3 = self.alphas
         eye = torch.eye(stats.dim, dtype=torch.float64)
-        covs = (a1 * stats.covariances() + a2 * stats.average_covariance()
+        return (a1 * stats.covariances() + a2 * stats.average_covariance()
                 + a3 * self.unit(stats) * eye)
-        return gaussian_scores(X, stats.means, covs, uniform_log_priors(stats))
+
+    def mixture_covariance(self, stats):
+        return self.covariances(stats).mean(0)
+
+    def reference(self, stats, X):
+        return gaussian_scores(X, stats.means, self.covariances(stats), uniform_log_priors(stats))
 
 
 class TestTraceRGDA(TestRGDA):
@@ -120,6 +128,10 @@ class TestLRRGDA(HeadContract):
     def make_head(self, **kw):
         return LRRGDA(rank=self.rank, decomposition="eigh", **kw)
 
+    def mixture_covariance(self, stats):
+        """The mean class covariance of the full-rank model (RGDA's)."""
+        return TestRGDA.covariances(self, stats).mean(0)
+
     def reference(self, stats, X):
         U, s = top_eigh(stats.covariances(), self.rank)
         truncated = U @ torch.diag_embed(s) @ U.transpose(1, 2)
@@ -144,10 +156,14 @@ class TestQDA(HeadContract):
     def make_head(self, **kw):
         return QDA(0.05, **kw)
 
+    def covariances(self, stats):
+        return 0.95 * stats.covariances() + 0.05 * torch.eye(stats.dim, dtype=torch.float64)
+
+    def mixture_covariance(self, stats):
+        return self.covariances(stats).mean(0)
+
     def reference(self, stats, X):
-        eye = torch.eye(stats.dim, dtype=torch.float64)
-        return gaussian_scores(X, stats.means, 0.95 * stats.covariances() + 0.05 * eye,
-                               uniform_log_priors(stats))
+        return gaussian_scores(X, stats.means, self.covariances(stats), uniform_log_priors(stats))
 
 
 class TestSGD(HeadContract):

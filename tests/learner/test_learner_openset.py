@@ -174,7 +174,7 @@ def test_unknown_classes_are_rejected_and_known_ones_accepted(learned):
         assert p.unknown == (p.novelty < threshold)
         assert p.to_dict() == {"predictions": p.to_list(), "unknown": p.unknown,
                                "novelty": p.novelty, "threshold": threshold}
-    assert sum(p.unknown for p in answers[:30]) <= 3  # of 30 known inputs
+    assert sum(p.unknown for p in answers[:30]) <= 6  # of 30 known inputs: the 20% asked
     assert sum(p.unknown for p in answers[30:]) >= 18  # of 20 inputs of unlearned classes
     assert sum(p.label == t for p, t in zip(answers, truth)) >= 29  # ranking as before
     # the positional construction and the list of before still hold

@@ -33,16 +33,18 @@ def _two_class_plane(n=400, seed=0):
     return X, y
 
 
-def test_the_shrunk_relative_score_falls_without_bound_away_from_every_class():
+def test_the_relative_scores_fall_without_bound_away_from_every_class():
     X, y = _two_class_plane()
     head = LRRGDA(rank=2).fit(ClassGaussians(6).update(X, y))
     # a ray orthogonal to the direction in which the class means differ
     ray = torch.zeros(5, 6, dtype=torch.float64)
     ray[:, 0] = 2.0
     ray[:, 3] = torch.tensor([0.0, 5.0, 10.0, 20.0, 40.0], dtype=torch.float64)
-    default = head.score_samples(ray, "shrunk_relative_mahalanobis")
-    assert bool((default.diff() < 0).all())
-    assert float(default[-1]) < float(head.score_samples(X).min())
+    for method in ("shrunk_relative_mahalanobis", "relative_likelihood"):
+        # (the relative likelihood falls too where every class has the spread of the mixture)
+        score = head.score_samples(ray, method)
+        assert bool((score.diff() < 0).all()), method
+        assert float(score[-1]) < float(head.score_samples(X, method).min()), method
     # the classical relative score cannot see that direction (the two distances nearly cancel):
     # the far input looks at least as typical as the near one
     relative = head.score_samples(ray, "relative_mahalanobis")

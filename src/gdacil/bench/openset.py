@@ -304,7 +304,8 @@ def run_seed(X: torch.Tensor, y: np.ndarray, *, n_tasks: int, test_fraction: flo
               f"min_records={MIN_RECORDS} maps=temperature(prior={TEMPERATURE_PRIOR})"
               f"+top-label(prior={TOP_LABEL_PRIOR}) "
               "probe=whole-head records=cross-fitted "
-              f"scores={','.join(NOVELTY_SCORES)} default={DEFAULT_SCORE}")
+              f"scores={','.join(NOVELTY_SCORES)} default={DEFAULT_SCORE} "
+              "relative-likelihood=each-model-against-its-moments")
     result = _stored(path, "gdacil", config,
                      lambda: _gdacil_part(X, y, sp, seed, factory))
     result = json.loads(json.dumps(result))  # a copy: the anchors join its scores

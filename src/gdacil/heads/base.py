@@ -266,6 +266,7 @@ class GaussianHead(Params, Presets, Stateful, ABC):
             if model_terms is None:  # a shard's classes alone do not describe the whole model
                 novelty = ClassNovelty().fit(
                     stats, average_covariance=self._average_covariance(stats),
+                    mixture_covariance=self._mixture_covariance(stats),
                     dtype=torch.float64 if self.dtype_ == torch.float64 else torch.float32,
                     device=self.device_)
         finally:
@@ -518,6 +519,12 @@ class GaussianHead(Params, Presets, Stateful, ABC):
                     f"use method='msp' or 'energy'")
             return ClassNovelty.of(self).score(X, method, log_mixture=mixture)
         return logit_score(self.decision_function(X), method)
+
+    def _mixture_covariance(self, stats: ClassStatistics) -> torch.Tensor | None:
+        """The mean ``(d, d)`` float64 of the class covariances of the head's model (called at
+        the end of ``fit``), for the class-agnostic Gaussian of its mixture; ``None`` for a head
+        whose scores are no Gaussian log-densities."""
+        return None
 
     def _density_offset(self, X: torch.Tensor) -> torch.Tensor | None:
         """What the class scores of ``X`` (before any rescaling, :meth:`_dense_scores`) hold

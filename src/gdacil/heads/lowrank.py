@@ -46,6 +46,7 @@ from .rgda import (
     base_covariance_terms,
     check_alphas,
     check_identity_scale,
+    mean_regularized_covariance,
 )
 
 __all__ = ["LRRGDA"]
@@ -640,6 +641,12 @@ class LRRGDA(GaussianHead):
             cached["center"] = self.center_
         self._screen_cache = cached
         return cached
+
+    def _mixture_covariance(self, stats) -> torch.Tensor:
+        """The mean class covariance of the full-rank model, ``(alpha1 + alpha2) Sigma_avg +
+        alpha3 u I`` (the truncation to rank r leaves out a little of each class's spread)."""
+        return mean_regularized_covariance(self, stats,
+                                           check_alphas(self.alpha1, self.alpha2, self.alpha3))
 
     def _density_offset(self, X: torch.Tensor) -> torch.Tensor:
         """``1/2 x^T B^{-1} x``: what the scores hold beyond the class log-densities."""

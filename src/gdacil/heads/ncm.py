@@ -64,6 +64,14 @@ class NCM(GaussianHead):
             X = X / norms
         return X
 
+    def _mixture_covariance(self, stats):
+        """Euclidean: the identity, every class's covariance."""
+        if self.metric != "euclidean":
+            return None
+        import torch
+
+        return torch.eye(stats.dim, dtype=torch.float64, device=self.device_)
+
     def _density_offset(self, X):
         """Euclidean: none, the scores are log-densities under identity covariances."""
         return X.new_zeros(X.shape[0]).double() if self.metric == "euclidean" else None

@@ -64,6 +64,16 @@ def base_covariance_terms(stats, average_covariance: Callable[[], torch.Tensor],
     return avg, alpha3 * unit, unit
 
 
+def mean_regularized_covariance(head, stats, alphas: tuple[float, float, float]) -> torch.Tensor:
+    """``(alpha1 + alpha2) Sigma_avg + alpha3 u I``, the mean over classes of the regularised
+    covariances ``alpha1 Sigma_c + alpha2 Sigma_avg + alpha3 u I`` of ``head`` fitted on ``stats``
+    (``u``: its fitted ``identity_scale_``)."""
+    a1, a2, a3 = alphas
+    avg = head._average_covariance(stats).to(device=head.device_, dtype=torch.float64)
+    eye = torch.eye(stats.dim, dtype=torch.float64, device=avg.device)
+    return (a1 + a2) * avg + (a3 * head.identity_scale_) * eye
+
+
 def identity_scale(stats, avg: torch.Tensor, how: str, model_size: tuple[int, float]) -> float:
     """The unit of the identity term (see :data:`IDENTITY_SCALES`) for the average class
     covariance ``avg`` of a model of ``model_size = (C, N)`` classes and samples.
@@ -173,6 +183,10 @@ class RGDA(GaussianHead):
         super()._check_params()
         self._alphas()
         check_identity_scale(self.identity_scale)
+
+    def _mixture_covariance(self, stats) -> torch.Tensor:
+        """``(alpha1 + alpha2) Sigma_avg + alpha3 u I``: the mean regularised class covariance."""
+        return mean_regularized_covariance(self, stats, self._alphas())
 
     def _density_offset(self, X: torch.Tensor) -> torch.Tensor:
         """Nothing: the scores are the class log-densities, log-determinants included."""
