@@ -79,6 +79,7 @@ __all__ = [
     "fit_top_label",
     "held_out_calibration",
     "lower_quantile",
+    "new_input_calibration",
     "top_label_probabilities",
     "without_samples",
 ]
@@ -410,6 +411,19 @@ def without_samples(stats, X: torch.Tensor, y: torch.Tensor):
     covs = torch.where((left > stats.ddof)[:, None, None],
                        symmetrize(scatter) / denom[:, None, None], torch.zeros_like(scatter))
     return stats.copy().remove_classes(labels).add_classes(labels, mean_r, covs, left)
+
+
+def new_input_calibration(head, X: torch.Tensor, y: torch.Tensor, *,
+                          method: str | None = None) -> Calibration:
+    """:class:`Calibration` from samples ``X``, ``y`` that ``head`` did not learn, each scored
+    by it as a new input (novelty ``method``, default the head's): split conformal in its
+    textbook form."""
+    method = head.default_novelty if method is None else method
+    y = torch.as_tensor(y, dtype=torch.int64).reshape(-1)
+    return Calibration().fit(head.score_samples(X, method).to(torch.float64).cpu(), y,
+                             head.decision_function(X).to(torch.float64).cpu(),
+                             torch.as_tensor(head.classes_.tolist(), dtype=torch.int64),
+                             method=method)
 
 
 def held_out_calibration(head, stats, X: torch.Tensor, y: torch.Tensor, *,

@@ -244,17 +244,20 @@ class ClassNovelty:
                           "relative_likelihood"):
             raise ValueError(f"{method!r} is not a distance score (those are "
                              f"{DISTANCE_SCORES + MIXTURE_SCORES})")
-        background = ((Z - self.center_) @ self.background_.T).square().sum(1).to(torch.float64)
+        def from_center(inverse_factor: torch.Tensor) -> torch.Tensor:
+            return ((Z - self.center_) @ inverse_factor.T).square().sum(1).to(torch.float64)
+
+        background = from_center(self.background_)
         if method == "relative_likelihood":
             if log_mixture is None or self.mixture_background_ is None:
                 raise ValueError("relative_likelihood needs the head's log-mixture density and "
                                  "its background (a head saved before gdacil kept it: refit it)")
-            mixture = ((Z - self.center_) @ self.mixture_background_.T).square().sum(1)
+            mixture = from_center(self.mixture_background_)
             # 1/2 logdet S = -sum log diag W: the log-density in S-whitened coordinates
             half_logdet = -float(self.whitener_.diagonal().double().log().sum())
             head = log_mixture.to(torch.float64) + half_logdet
             # each model's log-likelihood against the Gaussian of its own mixture's moments
             return 0.5 * ((BACKGROUND_WEIGHT / 2) * background - 0.5 * nearest
-                          + (BACKGROUND_WEIGHT / 2) * mixture.to(torch.float64) + head)
+                          + (BACKGROUND_WEIGHT / 2) * mixture + head)
         weight = 1.0 if method == "relative_mahalanobis" else BACKGROUND_WEIGHT
         return weight * background - nearest

@@ -349,8 +349,7 @@ class HeadContract:
     def mixture_covariance(self, stats: ClassStatistics) -> torch.Tensor:
         """With ``densities``: the mean ``(d, d)`` of the class covariances whose mixture the
         head's ``"relative_likelihood"`` compares with its class-agnostic Gaussian."""
-        raise NotImplementedError(f"{type(self).__name__} sets densities, so it must define "
-                                  "mixture_covariance(self, stats)")  # intended: the subclass gives it
+        raise NotImplementedError(f"{type(self).__name__} must define mixture_covariance")  # intended: the subclass gives it
 
     def check(self) -> list[str]:
         """Run every check (each ``test_*`` method, in the order they are defined) and return

@@ -392,10 +392,14 @@ class GaussianHead(Params, Presets, Stateful, ABC):
         out = torch.empty(X.shape[0], self.rows_.shape[0], dtype=self.dtype_, device=self.device_)
         for start, stop, scores in self._score_blocks(X):
             out[:, start:stop] = scores
+        return self._offset(X, out)
+
+    def _offset(self, X: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """``scores`` with :meth:`_sample_offset` added (in place)."""
         offset = self._sample_offset(X)
         if offset is not None:
-            out += offset
-        return out
+            scores += offset.to(scores.dtype)
+        return scores
 
     def _decision(self, X: torch.Tensor) -> torch.Tensor:
         out = self._dense_scores(X)
@@ -544,10 +548,7 @@ class GaussianHead(Params, Presets, Stateful, ABC):
                              f"{self.default_novelty!r} (its default) or another score")
         scores = self._dense_scores(X)
         if not bool(finite_flag(scores)):  # overflow in the head's dtype: float64, unshifted
-            scores = self._scores64(X)
-            extra = self._sample_offset(X)
-            if extra is not None:
-                scores = scores + extra.to(torch.float64)
+            scores = self._offset(X, self._scores64(X))
         return scores.to(torch.float64).logsumexp(1) - offset.to(torch.float64)
 
     def _novelty_features(self, X) -> torch.Tensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from .base import GaussianHead, stack_rows
 
 __all__ = ["NCM"]
@@ -68,8 +70,6 @@ class NCM(GaussianHead):
         """Euclidean: the identity, every class's covariance."""
         if self.metric != "euclidean":
             return None
-        import torch
-
         return torch.eye(stats.dim, dtype=torch.float64, device=self.device_)
 
     def _density_offset(self, X):

@@ -70,6 +70,7 @@ from ..calibration import (
     Calibration,
     calibration_folds,
     held_out_calibration,
+    new_input_calibration,
 )
 from ..cil.config import ConfigError
 from ..cil.model import IncrementalModel, TaskData, backbone_weights, task_seed
@@ -716,12 +717,11 @@ class Learner:
             why = (f"its statistics are {cfg.statistics.storage}, from which held-out samples "
                    "cannot be taken out exactly")
             fix = "use a model with dense statistics"
-        elif any(e.get("action") == "forget" for e in [*self._history, *self._pending]):
-            why = ("forgetting classes dropped the records that a head holding them scored, "
-                   "and no learn has calibrated it since")
-            fix = "learn at least 3 samples of a class in one learn"
         else:
-            why = ("no learn has calibrated it (a model saved before gdacil calibrated, or "
+            forgot = any(e.get("action") == "forget" for e in [*self._history, *self._pending])
+            why = ("forgetting classes dropped the records that a head holding them scored, "
+                   "and no learn has calibrated it since" if forgot else
+                   "no learn has calibrated it (a model saved before gdacil calibrated, or "
                    "every learn had fewer than 3 samples of each class)")
             fix = "learn at least 3 samples of a class in one learn"
         raise ValueError(f"{what} needs a calibrated model, and this one has no calibration: "
@@ -756,13 +756,8 @@ class Learner:
                 raise self._unknown(name)
         X = self._extract(list(samples.keys), self._loader(samples.load), progress,
                           what="calibrate")
-        head = self._head
-        method = self.config.novelty or head.default_novelty
         y = torch.tensor([self._ids[n] for n in samples.labels], dtype=torch.int64)
-        self._calibration = Calibration().fit(
-            head.score_samples(X, method).to(torch.float64).cpu(), y,
-            head.decision_function(X).to(torch.float64).cpu(),
-            torch.as_tensor(head.classes_.tolist(), dtype=torch.int64), method=method)
+        self._calibration = new_input_calibration(self._head, X, y, method=self.config.novelty)
         self._pending.append({"action": "calibrate", "source": samples.source,
                               "samples": len(samples)})
         return len(samples)
