@@ -54,6 +54,20 @@ MiniLM features); the head's class covariances add the shape of each class. Unli
 relative score it can stop falling far out along a direction in which one class is wider
 than the head's whole mixture (its mean class covariance plus the scatter of the means).
 
+Both of gdacil's scores (:data:`TYPICAL_NORM_SCORES`) look at an input's direction more than
+at its length: :func:`to_typical_norm` rescales it to the root mean square norm ``r`` of the
+known data (``sqrt(sum_c pi_c |mu_c|^2 + tr Sigma_avg)``, from the statistics, so exact under
+``merge``) when its norm is within a factor :data:`NORM_BAND` ``= 2`` of ``r``, and by that
+factor otherwise. How long an embedding is varies with the input (the length of a text, the
+contrast of an image) much more than the class Gaussians allow, and a known input that is
+merely longer than usual then looks novel; beyond the band the excess length still counts,
+so the scores keep falling without bound far from the known data. Features that are
+LayerNorm- or L2-normalised have one norm already and are scored as before. On raw features
+(``gdacil bench openset``'s final heads, 3 seeds) it lifted the relative likelihood's AUROC by
+1.9 on Fashion-MNIST, 0.6 on WordNet hypernyms, 0.3 on supersenses and 0.2 on openclipart; the
+classical scores keep their published definitions (on them it helped Mahalanobis and cosine
+and hurt the relative Mahalanobis score and the logit scores).
+
 Measured with a quarter of the classes held out as unknown on MiniLM text features (WordNet
 hypernyms and supersenses) and EfficientNet-Lite0 image features (openclipart, Fashion-MNIST),
 in three scalings, 3 seeds, classes learned in tasks (``gdacil bench openset``,
@@ -92,9 +106,8 @@ from .stats import ClassStatistics
 from .stats.linalg import psd_cholesky
 
 __all__ = ["BACKGROUND_WEIGHT", "DEFAULT_SCORE", "DISTANCE_DEFAULT", "DISTANCE_SCORES",
-           "LOGIT_SCORES",
-           "MIXTURE_SCORES", "NOVELTY_SCORES",
-           "ClassNovelty", "check_method", "logit_score"]
+           "LOGIT_SCORES", "MIXTURE_SCORES", "NORM_BAND", "NOVELTY_SCORES", "TYPICAL_NORM_SCORES",
+           "ClassNovelty", "check_method", "logit_score", "to_typical_norm"]
 
 #: Scores computed from the class statistics' distances (:class:`ClassNovelty`)
 DISTANCE_SCORES = ("shrunk_relative_mahalanobis", "relative_mahalanobis", "mahalanobis",
@@ -113,6 +126,12 @@ DISTANCE_DEFAULT = "shrunk_relative_mahalanobis"
 BACKGROUND_WEIGHT = 0.98
 #: ``(alpha2, alpha3)`` of the shared covariance: those of the default LR-RGDA base
 BASE_ALPHAS = (2.0, 0.6)
+#: gdacil's own scores, which see every input rescaled towards the typical norm of the known
+#: data (:func:`to_typical_norm`); the classical ones keep their published definitions
+TYPICAL_NORM_SCORES = ("shrunk_relative_mahalanobis", "relative_likelihood")
+#: Inputs whose norm is within this factor of the typical norm are scored at the typical norm;
+#: farther out, the rest of the factor still counts (a 10x norm is scored at 5x)
+NORM_BAND = 2.0
 #: Classes per block when scoring distances (bounds the ``(n, block)`` buffer)
 _CLASS_BLOCK = 1024
 
@@ -124,6 +143,17 @@ def check_method(method: str | None, allowed=NOVELTY_SCORES, default: str = DEFA
         raise ValueError(f"unknown novelty score {method!r}; this head offers "
                          f"{', '.join(map(repr, allowed))}")
     return method
+
+
+def to_typical_norm(X: torch.Tensor, typical_norm: torch.Tensor | float) -> torch.Tensor:
+    """Each row of ``X`` ``(n, d)`` rescaled by ``typical_norm / |x|`` clipped to
+    ``[1 / NORM_BAND, NORM_BAND]``: to the typical norm when it is within that factor of it
+    (how long an embedding is varies with its input and says little about its class), by
+    that factor otherwise, so that inputs far longer or shorter than any known one still look
+    unlike them. A zero row stays zero."""
+    norms = X.norm(dim=1, keepdim=True)
+    ratio = torch.as_tensor(typical_norm, dtype=X.dtype, device=X.device) / norms
+    return X * torch.nan_to_num(ratio, nan=1.0).clamp(1.0 / NORM_BAND, NORM_BAND)
 
 
 def logit_score(scores: torch.Tensor, method: str) -> torch.Tensor:
@@ -146,13 +176,14 @@ class ClassNovelty:
     all known data), ``background_`` ``(d, d)`` (the inverse Cholesky factor of the
     class-agnostic covariance in whitened coordinates), ``raw_center_`` ``(d,)`` (the mean of all
     known data) and ``directions_`` ``(C, d)`` (unit vectors from it to each class mean, for
-    ``"cosine"``).
+    ``"cosine"``), ``typical_norm_`` (0-d: the root mean square norm of the known data,
+    :meth:`at_typical_norm`).
     """
 
     #: what a head stores of it, prefixed with ``novelty_`` (``mixture_background_`` only for
     #: heads whose class scores are Gaussian log-densities)
     attributes = ("whitener_", "means_", "mean_norms_", "center_", "background_", "raw_center_",
-                  "directions_", "mixture_background_")
+                  "directions_", "mixture_background_", "typical_norm_")
     whitener_: torch.Tensor
     means_: torch.Tensor
     mean_norms_: torch.Tensor
@@ -161,6 +192,7 @@ class ClassNovelty:
     raw_center_: torch.Tensor
     directions_: torch.Tensor
     mixture_background_: torch.Tensor | None = None
+    typical_norm_: torch.Tensor | None = None  # None: a head saved before gdacil kept it
 
     def fit(self, stats: ClassStatistics, *, average_covariance: torch.Tensor | None = None,
             mixture_covariance: torch.Tensor | None = None, dtype: torch.dtype = torch.float64,
@@ -189,10 +221,13 @@ class ClassNovelty:
         spread = (means - center) * weights.sqrt()[:, None]
         background = psd_cholesky(eye + spread.T @ spread, name="novelty background covariance")
         directions = torch.nn.functional.normalize(mu - raw_center, dim=1)
+        # E ||x||^2 over the known data, with the classes' mean covariance for their spread
+        typical_norm = (weights @ mu.square().sum(1) + avg.trace()).clamp_min(0.0).sqrt()
         fitted = {"whitener_": W, "means_": means, "mean_norms_": means.square().sum(1),
                   "center_": center,
                   "background_": torch.linalg.solve_triangular(background, eye, upper=False),
-                  "raw_center_": raw_center, "directions_": directions}
+                  "raw_center_": raw_center, "directions_": directions,
+                  "typical_norm_": typical_norm}
         if mixture_covariance is not None:  # the head mixture's covariance, whitened
             within = W @ mixture_covariance.to(device=mu.device, dtype=torch.float64) @ W.T
             mixture = psd_cholesky(within + spread.T @ spread,
@@ -217,6 +252,11 @@ class ClassNovelty:
             if getattr(self, name) is not None:
                 setattr(owner, "novelty_" + name, getattr(self, name))
 
+    def at_typical_norm(self, X: torch.Tensor) -> torch.Tensor:
+        """``X`` ``(n, d)`` as :data:`TYPICAL_NORM_SCORES` see it (unchanged when the state
+        predates :attr:`typical_norm_`): :func:`to_typical_norm`."""
+        return X if self.typical_norm_ is None else to_typical_norm(X, self.typical_norm_)
+
     def _blocks(self) -> Iterator[slice]:
         C = self.means_.shape[0]
         for start in range(0, C, _CLASS_BLOCK):
@@ -225,10 +265,13 @@ class ClassNovelty:
     def score(self, X: torch.Tensor, method: str,
               log_mixture: torch.Tensor | None = None) -> torch.Tensor:
         """The score ``method`` (one of :data:`DISTANCE_SCORES` and :data:`MIXTURE_SCORES`) of
-        features ``X`` ``(n, d)``, float64. ``"relative_likelihood"`` needs ``log_mixture``
-        ``(n,)``: ``log sum_c pi_c N(x; mu_c, Sigma_c)`` of the head's class Gaussians, up to
-        the ``-d/2 log 2 pi`` they share."""
+        features ``X`` ``(n, d)``, float64; those of :data:`TYPICAL_NORM_SCORES` at
+        :meth:`at_typical_norm` of them. ``"relative_likelihood"`` needs ``log_mixture``
+        ``(n,)``: ``log sum_c pi_c N(x; mu_c, Sigma_c)`` of the head's class Gaussians at that
+        rescaled ``x``, up to the ``-d/2 log 2 pi`` they share."""
         X = X.to(self.whitener_.dtype)
+        if method in TYPICAL_NORM_SCORES:
+            X = self.at_typical_norm(X)
         if method == "cosine":
             U = torch.nn.functional.normalize(X - self.raw_center_, dim=1)
             best = torch.stack([(U @ self.directions_[b].T).amax(1) for b in self._blocks()], 1)

@@ -83,8 +83,8 @@ from .state import json_params
 from .stats import ClassGaussians, ClassStatistics
 from .stats.linalg import NumericalWarning
 
-__all__ = ["HeadContract", "centred", "gaussian_scores", "make_stats", "novelty_reference",
-           "queries", "uniform_log_priors"]
+__all__ = ["HeadContract", "at_typical_norm", "centred", "gaussian_scores", "make_stats",
+           "novelty_reference", "queries", "uniform_log_priors"]
 
 
 # ---------------------------------------------------------------------- data
@@ -180,8 +180,9 @@ def novelty_reference(stats: ClassStatistics, X: torch.Tensor, method: str,
                       class_densities: torch.Tensor | None = None,
                       mixture_covariance: torch.Tensor | None = None) -> torch.Tensor:
     """The dense reference of a distance score of :mod:`gdacil.novelty`: every covariance
-    formed and solved explicitly, class by class, in float64. ``"relative_likelihood"`` also
-    needs the head's ``log N(x; mu_c, Sigma_c) + log pi_c`` ``(n, C)`` as ``class_densities``
+    formed and solved explicitly, class by class, in float64; gdacil's own scores at
+    :func:`at_typical_norm` of ``X``. ``"relative_likelihood"`` also needs the head's
+    ``log N(x; mu_c, Sigma_c) + log pi_c`` ``(n, C)`` of those inputs as ``class_densities``
     (:func:`gaussian_scores` of its covariances) and the mean ``(d, d)`` of its class
     covariances as ``mixture_covariance``.
 
@@ -191,9 +192,9 @@ def novelty_reference(stats: ClassStatistics, X: torch.Tensor, method: str,
     >>> novelty_reference(stats, X[:2], "mahalanobis").shape
     torch.Size([2])
     """
-    from .novelty import BACKGROUND_WEIGHT, BASE_ALPHAS
+    from .novelty import BACKGROUND_WEIGHT, BASE_ALPHAS, TYPICAL_NORM_SCORES
 
-    X = X.to(torch.float64)
+    X = at_typical_norm(stats, X) if method in TYPICAL_NORM_SCORES else X.to(torch.float64)
     mu, counts = stats.means.to(torch.float64), stats.counts.to(torch.float64)
     covs = stats.covariances().to(torch.float64)
     n_classes, d = mu.shape
@@ -226,6 +227,26 @@ def novelty_reference(stats: ClassStatistics, X: torch.Tensor, method: str,
                       + head + 0.5 * BACKGROUND_WEIGHT * head_background)
     weight = {"relative_mahalanobis": 1.0, "shrunk_relative_mahalanobis": BACKGROUND_WEIGHT}[method]
     return weight * distance(shared + between, center) - nearest
+
+
+def at_typical_norm(stats: ClassStatistics, X: torch.Tensor) -> torch.Tensor:
+    """``X`` (float64) as gdacil's own novelty scores see it: each row rescaled towards the root
+    mean square norm of the data of ``stats`` (the classes' mean covariance for their spread)
+    by :func:`gdacil.novelty.to_typical_norm`.
+
+    Examples
+    --------
+    >>> stats, X, _ = make_stats()
+    >>> Q = at_typical_norm(stats, X[:3])
+    >>> bool(torch.allclose(Q.norm(dim=1), at_typical_norm(stats, 1.5 * X[:3]).norm(dim=1)))
+    True
+    """
+    from .novelty import to_typical_norm
+
+    mu, counts = stats.means.to(torch.float64), stats.counts.to(torch.float64)
+    mean_square = ((counts / counts.sum()) * mu.square().sum(1)).sum() \
+        + stats.covariances().to(torch.float64).mean(0).trace()
+    return to_typical_norm(X.to(torch.float64), mean_square.sqrt())
 
 
 def uniform_log_priors(stats: ClassStatistics) -> torch.Tensor:
@@ -596,7 +617,8 @@ class HeadContract:
         if self.densities:
             got = head.score_samples(X, "relative_likelihood")
             expected = novelty_reference(stats, X, "relative_likelihood",
-                                         self.reference(stats, X), self.mixture_covariance(stats))
+                                         self.reference(stats, at_typical_norm(stats, X)),
+                                         self.mixture_covariance(stats))
             assert self._close(got, expected), \
                 "score_samples('relative_likelihood') differs from the dense reference"
         else:

@@ -15,8 +15,11 @@ from gdacil.novelty import (
     DEFAULT_SCORE,
     DISTANCE_SCORES,
     MIXTURE_SCORES,
+    NORM_BAND,
     NOVELTY_SCORES,
+    TYPICAL_NORM_SCORES,
     ClassNovelty,
+    to_typical_norm,
 )
 from gdacil.sklearn import LRRGDAClassifier, RanPACClassifier
 from gdacil.testing import make_stats, novelty_reference, queries
@@ -43,12 +46,40 @@ def test_the_relative_scores_fall_without_bound_away_from_every_class():
     for method in ("shrunk_relative_mahalanobis", "relative_likelihood"):
         # (the relative likelihood falls too where every class has the spread of the mixture)
         score = head.score_samples(ray, method)
-        assert bool((score.diff() < 0).all()), method
+        # beyond NORM_BAND times the typical norm (about 3.7 here) the excess length counts
+        assert bool((score[2:].diff() < 0).all()), method
         assert float(score[-1]) < float(head.score_samples(X, method).min()), method
     # the classical relative score cannot see that direction (the two distances nearly cancel):
     # the far input looks at least as typical as the near one
     relative = head.score_samples(ray, "relative_mahalanobis")
     assert float(relative[-1]) >= float(relative[0])
+
+
+def test_own_scores_ignore_an_input_length_within_the_band_and_not_beyond():
+    X, y = _two_class_plane()
+    X = X + torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 8.0], dtype=torch.float64)  # off the origin
+    head = LRRGDA(rank=2).fit(ClassGaussians(6).update(X, y))
+    known = X[:50]
+    for method in TYPICAL_NORM_SCORES:
+        score = head.score_samples(known, method)
+        for factor in (0.7, 1.4):  # within NORM_BAND of the typical norm: the same input
+            assert torch.allclose(head.score_samples(factor * known, method), score,
+                                  rtol=1e-9, atol=1e-9), (method, factor)
+        # ten times longer than any known input: less typical than every known one
+        far = head.score_samples(10.0 * known, method)
+        assert float(far.max()) < float(head.score_samples(X, method).min()), method
+    # the classical scores keep their published definitions: the length counts
+    maha = head.score_samples(known, "mahalanobis")
+    assert not torch.allclose(head.score_samples(1.4 * known, "mahalanobis"), maha)
+
+
+def test_to_typical_norm_rescales_within_the_band_and_by_its_factor_beyond():
+    X = torch.tensor([[4.5, 6.0], [30.0, 40.0], [0.3, 0.4], [0.0, 0.0]], dtype=torch.float64)
+    out = to_typical_norm(X, 10.0)  # norms 7.5 (within the band), 50, 0.5, 0
+    expected = torch.tensor([10.0, 50.0 / NORM_BAND, 0.5 * NORM_BAND, 0.0], dtype=torch.float64)
+    assert torch.allclose(out.norm(dim=1), expected)
+    assert torch.allclose(torch.nn.functional.normalize(out[:3], dim=1),
+                          torch.nn.functional.normalize(X[:3], dim=1))
 
 
 @pytest.mark.parametrize("head_class", HEADS)

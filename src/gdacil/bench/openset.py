@@ -55,7 +55,7 @@ from ..calibration import (
     expected_calibration_error,
     held_out_calibration,
 )
-from ..novelty import DEFAULT_SCORE, NOVELTY_SCORES
+from ..novelty import DEFAULT_SCORE, NORM_BAND, NOVELTY_SCORES, TYPICAL_NORM_SCORES
 from ..stats import ClassGaussians
 from .common import (
     machine_info,
@@ -305,7 +305,8 @@ def run_seed(X: torch.Tensor, y: np.ndarray, *, n_tasks: int, test_fraction: flo
               f"+top-label(prior={TOP_LABEL_PRIOR}) "
               "probe=whole-head records=cross-fitted "
               f"scores={','.join(NOVELTY_SCORES)} default={DEFAULT_SCORE} "
-              "relative-likelihood=each-model-against-its-moments")
+              "relative-likelihood=each-model-against-its-moments "
+              f"typical-norm={','.join(TYPICAL_NORM_SCORES)}(band={NORM_BAND})")
     result = _stored(path, "gdacil", config,
                      lambda: _gdacil_part(X, y, sp, seed, factory))
     result = json.loads(json.dumps(result))  # a copy: the anchors join its scores

@@ -497,7 +497,9 @@ class GaussianHead(Params, Presets, Stateful, ABC):
             ``default_novelty`` (``"relative_likelihood"`` for LR-RGDA and RGDA,
             ``"shrunk_relative_mahalanobis"`` for the others). The distance scores come from
             the class statistics the head was fitted on (a head fitted with ``model_terms``,
-            one shard of a model, has only ``"msp"`` and ``"energy"``).
+            one shard of a model, has only ``"msp"`` and ``"energy"``). gdacil's own scores
+            (the two defaults) see every input rescaled towards the root mean square norm of
+            the known data (:func:`gdacil.novelty.to_typical_norm`).
 
         Examples
         --------
@@ -514,14 +516,17 @@ class GaussianHead(Params, Presets, Stateful, ABC):
         """
         method = check_method(method, default=self.default_novelty)
         if method in DISTANCE_SCORES or method in MIXTURE_SCORES:
-            mixture = self._log_mixture(X) if method in MIXTURE_SCORES else None
-            X = self._novelty_features(X)
+            features = self._novelty_features(X)
             if not hasattr(self, "novelty_means_"):
                 raise ValueError(
                     f"{type(self).__name__} has no class statistics' novelty state (fitted with "
                     f"model_terms, or saved before gdacil kept it): refit it on statistics, or "
                     f"use method='msp' or 'energy'")
-            return ClassNovelty.of(self).score(X, method, log_mixture=mixture)
+            novelty = ClassNovelty.of(self)
+            # heads with class densities take their input as the statistics describe it
+            mixture = (self._log_mixture(novelty.at_typical_norm(features))
+                       if method in MIXTURE_SCORES else None)
+            return novelty.score(features, method, log_mixture=mixture)
         return logit_score(self.decision_function(X), method)
 
     def _mixture_covariance(self, stats: ClassStatistics) -> torch.Tensor | None:
