@@ -185,3 +185,19 @@ def test_a_sharded_head_scores_msp_and_energy_as_one_head():
                           rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="unknown novelty score 'mahalanobis'"):
         sharded.score_samples(Q, "mahalanobis")
+
+
+def test_a_head_saved_before_the_typical_norm_scores_inputs_as_they_are():
+    # its calibration records were scored that way: new inputs must be too
+    stats, _, _ = make_stats()
+    Q = queries(stats.dim)
+    head = LRRGDA().fit(stats)
+    tensors, metadata = head.state_dict()
+    del tensors["novelty_typical_norm_"]
+    old = LRRGDA(**head.get_params()).load_state_dict(tensors, metadata)
+    at_norm = to_typical_norm(Q.double(), head.novelty_typical_norm_)
+    for method in TYPICAL_NORM_SCORES:
+        rescaled = head.score_samples(Q, method)
+        assert torch.allclose(old.score_samples(at_norm, method), rescaled,
+                              rtol=1e-9, atol=1e-9), method
+        assert not torch.allclose(old.score_samples(Q, method), rescaled), method
