@@ -98,7 +98,7 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -263,12 +263,12 @@ class ClassNovelty:
             yield slice(start, min(C, start + _CLASS_BLOCK))
 
     def score(self, X: torch.Tensor, method: str,
-              log_mixture: torch.Tensor | None = None) -> torch.Tensor:
+              log_mixture: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         """The score ``method`` (one of :data:`DISTANCE_SCORES` and :data:`MIXTURE_SCORES`) of
         features ``X`` ``(n, d)``, float64; those of :data:`TYPICAL_NORM_SCORES` at
-        :meth:`at_typical_norm` of them. ``"relative_likelihood"`` needs ``log_mixture``
-        ``(n,)``: ``log sum_c pi_c N(x; mu_c, Sigma_c)`` of the head's class Gaussians at that
-        rescaled ``x``, up to the ``-d/2 log 2 pi`` they share."""
+        :meth:`at_typical_norm` of them. ``"relative_likelihood"`` needs ``log_mixture``, which
+        maps those rescaled features to ``log sum_c pi_c N(x; mu_c, Sigma_c)`` ``(n,)`` of the
+        head's class Gaussians, up to the ``-d/2 log 2 pi`` they share."""
         X = X.to(self.whitener_.dtype)
         if method in TYPICAL_NORM_SCORES:
             X = self.at_typical_norm(X)
@@ -292,13 +292,16 @@ class ClassNovelty:
 
         background = from_center(self.background_)
         if method == "relative_likelihood":
-            if log_mixture is None or self.mixture_background_ is None:
-                raise ValueError("relative_likelihood needs the head's log-mixture density and "
-                                 "its background (a head saved before gdacil kept it: refit it)")
+            if log_mixture is None:
+                raise ValueError("relative_likelihood needs the head's log-mixture density")
+            log_density = log_mixture(X)  # raises for heads whose scores are no densities
+            if self.mixture_background_ is None:
+                raise ValueError("relative_likelihood needs the background of the head's mixture "
+                                 "(a head saved before gdacil kept it: refit it)")
             mixture = from_center(self.mixture_background_)
             # 1/2 logdet S = -sum log diag W: the log-density in S-whitened coordinates
             half_logdet = -float(self.whitener_.diagonal().double().log().sum())
-            head = log_mixture.to(torch.float64) + half_logdet
+            head = log_density.to(torch.float64) + half_logdet
             # each model's log-likelihood against the Gaussian of its own mixture's moments
             return 0.5 * ((BACKGROUND_WEIGHT / 2) * background - 0.5 * nearest
                           + (BACKGROUND_WEIGHT / 2) * mixture + head)

@@ -522,11 +522,8 @@ class GaussianHead(Params, Presets, Stateful, ABC):
                     f"{type(self).__name__} has no class statistics' novelty state (fitted with "
                     f"model_terms, or saved before gdacil kept it): refit it on statistics, or "
                     f"use method='msp' or 'energy'")
-            novelty = ClassNovelty.of(self)
             # heads with class densities take their input as the statistics describe it
-            mixture = (self._log_mixture(novelty.at_typical_norm(features))
-                       if method in MIXTURE_SCORES else None)
-            return novelty.score(features, method, log_mixture=mixture)
+            return ClassNovelty.of(self).score(features, method, log_mixture=self._log_mixture)
         return logit_score(self.decision_function(X), method)
 
     def _mixture_covariance(self, stats: ClassStatistics) -> torch.Tensor | None:
