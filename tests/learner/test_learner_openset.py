@@ -78,7 +78,7 @@ def test_a_learn_calibrates_on_cross_fitted_records_of_its_own_samples(learned):
     torch.testing.assert_close(calibration.scores_, again.scores_, rtol=1e-9, atol=1e-6)
     assert calibration.temperature_ == pytest.approx(again.temperature_, rel=1e-6)
     info = learned.info()["calibration"]
-    assert info == {"records": 60, "novelty": "relative_likelihood",
+    assert info == {"records": 60, "record_classes": 3, "novelty": "relative_likelihood",
                     "temperature": calibration.temperature_, "reject_rate": 0.05,
                     "threshold": calibration.threshold(0.05)}
 
@@ -96,6 +96,7 @@ def test_a_small_learn_joins_its_records_to_the_newest_earlier_ones(trained):
     # fewer than MIN_RECORDS of its own: this learn's 30 records follow the earlier 30
     assert second.n_records == record_count([15, 15]) + 30 == 60
     assert set(second.labels_[30:].tolist()) == {ids["yellow"], ids["purple"]}
+    assert learner.info()["calibration"]["record_classes"] == 5
     assert torch.equal(second.novelty_[:30], first.novelty_)
     assert set(second.score_classes_.flatten().tolist()) <= set(ids.values()) | {-1}
     # no class with 3 samples: no new calibration, the previous one is kept

@@ -858,15 +858,17 @@ class Learner:
         }
 
     def _calibration_info(self) -> dict | None:
-        """The calibration's records, their novelty score, temperature and threshold at the
-        config's reject rate (None when its records are too few for that rate), or None without
-        a calibration."""
+        """The calibration's records, how many classes they come from, their novelty score,
+        temperature and threshold at the config's reject rate (None when its records are too
+        few for that rate), or None without a calibration."""
         calibration = self._calibration
         if calibration is None:
             return None
         rate = self.config.reject_rate
         threshold = calibration.threshold(rate)
-        return {"records": calibration.n_records, "novelty": calibration.method_,
+        return {"records": calibration.n_records,
+                "record_classes": int(calibration.labels_.unique().numel()),
+                "novelty": calibration.method_,
                 "temperature": calibration.temperature_,
                 "reject_rate": rate,
                 "threshold": threshold if math.isfinite(threshold) else None}
