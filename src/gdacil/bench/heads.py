@@ -15,8 +15,8 @@ Regenerate: ``python -m gdacil bench heads --out benchmarks --overwrite`` (write
 shared with ``gdacil bench defaults``, from which an interrupted run continues; on three or more
 feature sets also the leave-one-set-out grid's cells under ``loso_runs/``). The committed files
 cover all ten feature sets, seeds 0-2: ``--features`` with every set and ``--seeds 0 1 2``,
-the six public sets' data laid out by ``scripts/feature_set_data.sh``. Without ``--out`` the results go
-to ``runs/bench/heads/``; existing results are replaced only with ``--overwrite``.
+the six public sets' data laid out by ``scripts/feature_set_data.sh``. Without ``--out`` the
+results go to ``runs/bench/heads/``; existing results are replaced only with ``--overwrite``.
 """
 
 from __future__ import annotations
