@@ -362,6 +362,11 @@ class Calibration(Stateful):
     def n_records(self) -> int:
         return int(self.labels_.numel())
 
+    @property
+    def n_record_classes(self) -> int:
+        """How many classes the records come from."""
+        return int(self.labels_.unique().numel())
+
 
 # ---------------------------------------------------------------------- records of a task
 def calibration_folds(labels: torch.Tensor, share: float, seed: int) -> torch.Tensor:

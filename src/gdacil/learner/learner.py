@@ -867,7 +867,7 @@ class Learner:
         rate = self.config.reject_rate
         threshold = calibration.threshold(rate)
         return {"records": calibration.n_records,
-                "record_classes": int(calibration.labels_.unique().numel()),
+                "record_classes": calibration.n_record_classes,
                 "novelty": calibration.method_,
                 "temperature": calibration.temperature_,
                 "reject_rate": rate,
