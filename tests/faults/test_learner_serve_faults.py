@@ -141,10 +141,13 @@ def test_every_failure_is_json_with_a_message(model_dir, monkeypatch):
     body = json.dumps({"inputs": [image]}).encode()
     service = ModelService(model_dir, poll=0)
     with running(service) as url:
-        # a body is JSON whatever its Content-Type (curl -d sends form-encoded)
+        # only a JSON body is read (what a browser sends to another origin unasked is not)
         for content_type in (None, "application/x-www-form-urlencoded", "text/plain"):
             status, answer, _ = post(url, "/predict", body, content_type)
-            assert status == 200 and answer["version"] == "v1", (content_type, answer)
+            assert status == 415 and "application/json" in answer["error"], (content_type,
+                                                                               answer)
+        status, answer, _ = post(url, "/predict", body, "application/json; charset=utf-8")
+        assert status == 200 and answer["version"] == "v1", answer
         cases = [
             (b"\xff\xfe not utf-8", 400, "not UTF-8"),
             (b"[" * 50_000 + b"]" * 50_000, 400, "nested too deeply"),
