@@ -472,3 +472,38 @@ def test_a_body_of_a_million_json_values_is_refused_unparsed(model_dir):
         status, answer = request(url, "POST", "/predict", texts,
                                  {"Content-Type": "application/json"})
         assert status == 400 and "not base64" in answer["error"], answer
+
+
+def test_gdacil_serve_answers_allowed_hosts_and_caps_connections(model_dir):
+    """``--allowed-host`` adds a name; ``--max-connections`` is a documented limit: idle
+    connections count, the ones beyond are answered 503 until those close (put a proxy that
+    times out idle clients in front: docs/learner.md, "Deploying it")."""
+    import sys
+
+    from test_learner_serve import free_port, wait_until_serving
+
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gdacil", "serve", str(model_dir), "--port", str(port),
+         "--poll", "0", "--max-connections", "4", "--allowed-host", "api.example",
+         "--allowed-host", "*.corp.example", "--log-level", "error"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_serving(process, url)
+        for host, want in (("api.example", 200), ("a.corp.example:1", 200), ("evil", 400)):
+            assert request(url, "GET", "/health", headers={"Host": host})[0] == want, host
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+        time.sleep(0.3)
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        connection.request("GET", "/health")
+        assert connection.getresponse().status == 503
+        connection.close()
+        for client in idle:
+            client.close()
+        time.sleep(0.3)
+        assert request(url, "GET", "/health")[0] == 200
+    finally:
+        process.terminate()
+        output = process.communicate(timeout=60)[0]
+    assert "answering Host 127.0.0.1, localhost, api.example, *.corp.example" in output
