@@ -9,6 +9,7 @@ import json
 import re
 import shlex
 import subprocess
+import time
 import unicodedata
 import urllib.error
 import urllib.request
@@ -289,10 +290,18 @@ def predict_bodies(image: str):
     inputs = st.lists(st.sampled_from([image, "not base64!", "", "data:image/png;base64,"
                                        + image, base64.b64encode(b"GIF89a junk").decode()])
                       | json_values(), max_size=5)
+    rates = (st.floats(min_value=0, max_value=1) | st.sampled_from([5e-324, 1e-300, 1e-7, 1e-6])
+             | json_values())
     fields = st.fixed_dictionaries({"inputs": inputs | json_values()},
                                    optional={"top_k": st.integers(-2, 5) | json_values(),
+                                             "reject": st.booleans() | json_values(),
+                                             "reject_rate": rates, "sets": rates,
                                              "extra": json_values()})
     return fields | json_values()
+
+
+#: Seconds within which any request to the tiny test model is answered
+ANSWER_BOUND = 10.0
 
 
 def check_answer(status: int, answer) -> None:
@@ -309,7 +318,10 @@ def test_any_predict_body_gets_a_json_answer_and_changes_nothing(model_dir):
                   suppress_health_check=[HealthCheck.too_slow])
         @given(predict_bodies(image))
         def check(body):
+            started = time.perf_counter()
             status, answer = call(url, "/predict", raw=json.dumps(body).encode())
+            # a hang, not a speed: "reject_rate": 1e-300 once never returned
+            assert time.perf_counter() - started < ANSWER_BOUND, body
             check_answer(status, answer)
             if status == 200:
                 assert len(answer["predictions"]) == len(body["inputs"])
