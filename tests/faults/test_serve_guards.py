@@ -459,7 +459,7 @@ def test_class_names_with_invisible_characters_are_refused(model_dir):
             assert status == 200 and answer["new"] == [label], (label, answer)
 
 
-def test_a_body_of_a_million_json_values_is_refused_unparsed(model_dir):
+def test_a_body_of_too_many_json_values_is_refused_unparsed(model_dir):
     """Parsing holds the interpreter for every client: 30 MB of nested lists took 3.6 s."""
     from gdacil.learner.serve import MAX_JSON_SEPARATORS
 
@@ -468,7 +468,7 @@ def test_a_body_of_a_million_json_values_is_refused_unparsed(model_dir):
         status, answer = request(url, "POST", "/predict", nested,
                                  {"Content-Type": "application/json"})
         assert status == 413 and f"at most {MAX_JSON_SEPARATORS:,}" in answer["error"], answer
-        texts = json.dumps({"inputs": ["a, [b], {c}" * 1000] * 30}).encode()  # 180,000: parsed
+        texts = json.dumps({"inputs": ["a, [b], {c}" * 1000] * 30}).encode()  # 120,000: parsed
         status, answer = request(url, "POST", "/predict", texts,
                                  {"Content-Type": "application/json"})
         assert status == 400 and "not base64" in answer["error"], answer
@@ -507,3 +507,34 @@ def test_gdacil_serve_answers_allowed_hosts_and_caps_connections(model_dir):
         process.terminate()
         output = process.communicate(timeout=60)[0]
     assert "answering Host 127.0.0.1, localhost, api.example, *.corp.example" in output
+
+
+def test_parsing_pauses_the_garbage_collector_and_restores_it():
+    """Concurrent parses, good and bad bodies: the collector is off while any parse runs and
+    on again after the last, as it was before."""
+    import gc
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gdacil.learner.serve import RequestError, _json_body
+
+    seen = []
+
+    def parse(body: bytes):
+        seen.append(gc.isenabled())
+        try:
+            return _json_body(body)
+        except RequestError as exc:
+            return exc.status
+
+    bodies = [b'{"inputs": [' + b",".join([b"[1]"] * 50_000) + b"]}", b"{bad", b"\xff"] * 8
+    assert gc.isenabled()
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(parse, bodies))
+    assert gc.isenabled() and answers[1::3] == [400] * 8 and answers[2::3] == [400] * 8
+    assert all(len(a["inputs"]) == 50_000 for a in answers[::3])
+    gc.disable()
+    try:
+        _json_body(b"{}")
+        assert not gc.isenabled()  # a collector the process turned off stays off
+    finally:
+        gc.enable()
