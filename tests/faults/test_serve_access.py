@@ -12,7 +12,7 @@ import json
 from urllib.parse import urlsplit
 
 import pytest
-from test_learner_serve import png_base64, running
+from test_learner_serve import COLOURS, calibrated_colour_model, png_base64, running
 from test_serve_guards import unwritable
 
 from gdacil.learner import Learner, versions
@@ -20,10 +20,9 @@ from gdacil.learner.inbox import Inbox
 from gdacil.learner.serve import ModelService
 
 from _assets import needs_serve, needs_transformers
-from test_learner import colour_set, tiny_learner
+from test_learner import colour_set
 
 pytestmark = [needs_serve, needs_transformers]
-COLOURS = ["red", "green", "blue"]
 TOKEN = "s3cret-token-for-tests-0123456789"
 JSON = {"Content-Type": "application/json"}
 GRANT = {**JSON, "Authorization": f"Bearer {TOKEN}"}
@@ -31,12 +30,8 @@ GRANT = {**JSON, "Authorization": f"Bearer {TOKEN}"}
 
 @pytest.fixture(scope="module")
 def calibrated_model(tmp_path_factory):
-    """A tiny colour model with 60 calibration records (its rejection works), saved once."""
-    learner = tiny_learner()
-    learner.learn(*colour_set(COLOURS, 20))
-    path = tmp_path_factory.mktemp("calibrated") / "model"
-    learner.save(path)
-    return path
+    """A colour model whose rejection works, saved once for the module's tests."""
+    return calibrated_colour_model(tmp_path_factory.mktemp("calibrated") / "model")
 
 
 @pytest.fixture
@@ -131,7 +126,7 @@ def test_with_a_token_nothing_changes_or_is_read_without_it(model_dir, tmp_path)
         own = {**GRANT, "Origin": f"http://127.0.0.1:{port}", "Sec-Fetch-Site": "same-origin"}
         results = {path: send(url, method, path, payload, own if n % 2 else GRANT)
                    for n, (method, path, payload) in enumerate(changes(item, other) + READS)}
-        assert {path: r[0] for path, r in results.items()} == {p: 200 for p in results}, results
+        assert {path: r[0] for path, r in results.items()} == dict.fromkeys(results, 200), results
         assert results["/learn"][2]["version"] == "v2"
         assert results["/rollback"][2] == {"version": "v1", "classes": 3}
         assert results[f"/inbox/{item}/label"][2]["label"] == "planted"
@@ -161,7 +156,7 @@ def test_without_a_token_changes_need_allow_learn(model_dir, tmp_path):
                 else:
                     assert got == 403 and "--allow-learn" in body["error"], (path, body)
             assert send(url, "GET", "/versions", headers=JSON)[0] == 200
-            status, _, info = send(url, "GET", "/info")
+            _, _, info = send(url, "GET", "/info")
             assert info["server"]["allow_learn"] is allow and info["server"]["token"] is False
         assert names(model_dir) == (["v1", "v2", "v3"] if allow else ["v1"])
 
@@ -230,7 +225,7 @@ def test_no_labelled_item_is_lost_across_a_restart_or_a_failed_learn(model_dir, 
         assert [i["id"] for i in inbox_of(url)["items"]] == [i["id"] for i in items[6:]]
         status, _, body = send(url, "POST", "/inbox/learn", {}, GRANT)
         assert status == 400 and body["error"] == "no labelled inbox items to learn"
-    assert Learner.load(model_dir).class_counts() == {**{c: 20 for c in COLOURS},
+    assert Learner.load(model_dir).class_counts() == {**dict.fromkeys(COLOURS, 20),
                                                       "yellow": 2, "purple": 4}
 
 

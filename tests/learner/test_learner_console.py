@@ -13,26 +13,22 @@ import urllib.request
 from importlib.resources import files
 
 import pytest
-from test_learner_serve import running
+from test_learner_serve import COLOURS, calibrated_colour_model, running
 
 from gdacil.learner import Learner, versions
 from gdacil.learner.inbox import Inbox
 from gdacil.learner.serve import CONSOLE_FILES, ModelService
 
 from _assets import needs_chromium, needs_serve, needs_transformers
-from test_learner import colour_set, tiny_learner
+from test_learner import colour_set
 
 pytestmark = [needs_serve, needs_transformers]
-COLOURS = ["red", "green", "blue"]
 TOKEN = "console-test-token-0123456789abcdef"
 
 
 @pytest.fixture
 def model_dir(tmp_path):
-    learner = tiny_learner()
-    learner.learn(*colour_set(COLOURS, 20))  # 60 calibration records: rejection works
-    learner.save(tmp_path / "model")
-    return tmp_path / "model"
+    return calibrated_colour_model(tmp_path / "model")
 
 
 def test_the_console_ships_in_the_package_and_is_served_locked_down(model_dir):
@@ -92,10 +88,9 @@ def screenshot(browser, path) -> None:
 
 @needs_chromium
 def test_the_operator_teaches_the_model_a_new_class_in_chromium(model_dir, tmp_path):
+    from _browser import chromium
     from PIL import Image
     from selenium.webdriver.common.keys import Keys
-
-    from _browser import chromium
 
     yellow = tmp_path / "yellow.png"
     Image.fromarray(colour_set(["yellow"], 1, seed=5)[0][0]).save(yellow)

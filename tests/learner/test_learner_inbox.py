@@ -4,6 +4,7 @@ and the bounds hold at every moment under concurrent writers."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 
@@ -23,10 +24,8 @@ def on_disk(directory) -> tuple[int, int]:
     files = [p for p in directory.iterdir() if p.suffix == ".json"]
     sizes = []
     for p in files:
-        try:
+        with contextlib.suppress(FileNotFoundError):  # deleted between listing and stat
             sizes.append(p.stat().st_size)
-        except FileNotFoundError:  # deleted between listing and stat
-            pass
     return len(sizes), sum(sizes)
 
 

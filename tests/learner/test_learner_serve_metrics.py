@@ -8,25 +8,20 @@ import urllib.error
 import urllib.request
 
 import pytest
-from test_learner_serve import call, png_base64, running
+from test_learner_serve import COLOURS, calibrated_colour_model, call, png_base64, running
 
 from gdacil.learner.inbox import Inbox
 from gdacil.learner.serve import ModelService
 
 from _assets import needs_serve, needs_transformers
-from test_learner import colour_set, tiny_learner
+from test_learner import colour_set
 
 pytestmark = [needs_serve, needs_transformers]
-COLOURS = ["red", "green", "blue"]
 
 
 @pytest.fixture(scope="module")
 def calibrated_model(tmp_path_factory):
-    learner = tiny_learner()
-    learner.learn(*colour_set(COLOURS, 20))
-    path = tmp_path_factory.mktemp("metrics") / "model"
-    learner.save(path)
-    return path
+    return calibrated_colour_model(tmp_path_factory.mktemp("metrics") / "model")
 
 
 def scrape(url: str) -> dict:

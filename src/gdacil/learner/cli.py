@@ -136,8 +136,12 @@ def learner_commands(sub) -> None:
                     "--allow-learn POST /learn "
                     "{\"inputs\": [...], \"labels\": [...]}, which saves a new version and swaps "
                     "it in while predictions keep flowing. Versions written by other commands "
-                    "(gdacil learn, rollback) are picked up within --poll seconds. See "
-                    "docs/learner.md.")
+                    "(gdacil learn, rollback) are picked up within --poll seconds. GET / is a "
+                    "console over the same endpoints (GET /versions, POST /rollback, and with "
+                    "--inbox GET /inbox, POST /inbox/ID/label, /inbox/ID/discard, "
+                    "/inbox/learn); GET /metrics is in the Prometheus text format. With "
+                    "--token-file (or GDACIL_TOKEN) every change needs Authorization: Bearer "
+                    "TOKEN. See docs/learner.md.")
     serve.add_argument("model", metavar="MODEL", help="the model directory")
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default: 127.0.0.1, this machine only)")

@@ -16,6 +16,7 @@ is not kept. The same input (byte for byte) is kept once.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -221,10 +222,8 @@ class Inbox:
         return self.directory / f"{item_id}.json"
 
     def _delete(self, item_id: str) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self._path(item_id))
-        except FileNotFoundError:
-            pass
         self._forget(item_id)
 
     # ------------------------------------------------------------------ a person's work

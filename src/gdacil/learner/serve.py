@@ -20,13 +20,25 @@ Endpoints (JSON in and out; every error is ``{"error": "<what is wrong>"}`` with
                    copy of the model, saves the copy as a new version, then makes it the one that
                    answers: ``{"version": "v4", "new": [...], "updated": [...], "classes": 41,
                    "report": "..."}``
+``GET /versions``  ``{"serving": "v3", "versions": [...]}`` (``gdacil versions --format json``)
+``POST /rollback`` ``{"version": "v2"}``: that version is made current and answers
+``GET /inbox``     with an inbox (:mod:`gdacil.learner.inbox`): its items, oldest first;
+                   ``POST /inbox/{id}/label`` ``{"label": ...}``, ``POST /inbox/{id}/discard``
+                   and ``POST /inbox/learn`` (every labelled item in one learn) act on them
+``GET /metrics``   the Prometheus text format (:mod:`gdacil.learner.metrics`)
+``GET /``          the console: a page over these endpoints (``gdacil/learner/console/``)
 =================  ================================================================================
+
+What changes state (learn, rollback, the inbox's label, discard and learn) needs the grant of
+:mod:`gdacil.learner.access`: the bearer token when the server has one (which the inbox and the
+versions need too), else ``allow_learn``.
 
 Statuses: 400 bad input (a body that is not a JSON object, wrong types, bad base64, an
 unreadable image, a label that is not a class name, too many inputs or pixels, a
-``reject_rate`` below :data:`MIN_REJECT_RATE`) or a ``Host`` the server does not answer to, 403
-``/learn`` when learning is not allowed, and any POST from a browser page of another origin,
-404/405 an unknown path or method, 409 when another process changed the model while a learn ran
+``reject_rate`` below :data:`MIN_REJECT_RATE`) or a ``Host`` the server does not answer to, 401
+a request without the server's token (``WWW-Authenticate: Bearer``), 403 a change when none is
+allowed, and any POST from a browser page of another origin, 404/405 an unknown path, version
+or inbox item, or method, 409 when another process changed the model while a learn ran
 (nothing is written), 413 a body over ``max_body`` bytes, 415 a POST body not sent as
 ``application/json``, 500 a failure of the server itself (the log has the traceback), 503 (with
 ``Retry-After``) when the queue is full, a request missed its deadline (``timeout``), a learn
@@ -639,7 +651,7 @@ class ModelService:
             inputs += self._inputs({"inputs": [i.input for i in
                                                labelled[start:start + self.max_inputs]]})
         answer = self._learn(inputs, [cast(str, i.label) for i in labelled])
-        self.inbox.remove(labelled)  # type: ignore[union-attr]
+        self._inbox().remove(labelled)
         return {**answer, "learned": [i.id for i in labelled]}
 
 
@@ -912,7 +924,7 @@ CONSOLE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self
 def _console_file(name: str) -> bytes:
     from importlib.resources import files
 
-    return files("gdacil.learner").joinpath("console", name).read_bytes()
+    return files("gdacil.learner").joinpath("console").joinpath(name).read_bytes()
 
 
 def serve(directory, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
