@@ -269,3 +269,66 @@ def test_bad_inbox_requests_are_refused(model_dir, tmp_path):
         status, _, body = send(url, "POST", f"/inbox/{item}/discard", raw=b"", headers=GRANT)
         assert status == 200 and body == {"discarded": item}
         assert inbox_of(url)["total"] == 1
+
+
+def test_gdacil_serve_with_a_token_file_and_an_inbox(model_dir, tmp_path):
+    import subprocess
+    import sys
+
+    from test_learner_serve import free_port, wait_until_serving
+
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gdacil", "serve", str(model_dir), "--port", str(port),
+         "--poll", "0", "--log-level", "warning", "--token-file", str(token_file),
+         "--inbox", str(tmp_path / "inbox"), "--inbox-max-items", "3", "--inbox-below", "0.5"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until_serving(process, url)
+        ask(url, unknown_inputs(2))
+        listing = inbox_of(url)
+        assert (listing["total"], listing["max_items"], listing["dropped"]) == (3, 3, 1)
+        assert send(url, "GET", "/inbox", headers=JSON)[0] == 401
+        image = unknown_inputs(1)[:1]
+        assert send(url, "POST", "/learn", {"inputs": image, "labels": ["x"]}, JSON)[0] == 401
+        status, _, answer = send(url, "POST", "/learn", {"inputs": image, "labels": ["x"]}, GRANT)
+        assert status == 200 and answer["version"] == "v2"
+        _, _, info = send(url, "GET", "/info")
+        assert info["server"]["token"] is True and info["server"]["inbox"]["below"] == 0.5
+    finally:
+        process.terminate()
+        output = process.communicate(timeout=60)[0]
+    assert "changes need the token" in output and "keeping unknown inputs in" in output
+    assert TOKEN not in output  # the token is never printed
+
+
+def test_bad_token_and_inbox_options_are_one_line_errors(model_dir, tmp_path, capsys,
+                                                         monkeypatch):
+    from gdacil.cli import main
+
+    short = tmp_path / "short"
+    short.write_text("abc\n")
+    spaced = tmp_path / "spaced"
+    spaced.write_text("a token with spaces in it\n")
+    for argv, environ, message in [
+            (["--token-file", str(short)], None, "the token has 3 characters; at least 16"),
+            (["--token-file", str(spaced)], None, "the token holds ' '"),
+            (["--token-file", str(tmp_path / "none")], None, "No such file or directory"),
+            ([], "short", "environment variable GDACIL_TOKEN: the token has 5 characters"),
+            (["--inbox-below", "0.5"], None, "--inbox-below applies with --inbox DIR only")]:
+        if environ is None:
+            monkeypatch.delenv("GDACIL_TOKEN", raising=False)
+        else:
+            monkeypatch.setenv("GDACIL_TOKEN", environ)
+        assert main(["serve", str(model_dir), *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    for option in (["--inbox-below", "0"], ["--inbox-below", "1.5"],
+                   ["--inbox-max-items", "0"], ["--inbox-max-mb", "0"]):
+        with pytest.raises(SystemExit) as raised:
+            main(["serve", str(model_dir), "--inbox", str(tmp_path / "inbox"), *option])
+        assert raised.value.code == 2 and f"argument {option[0]}" in capsys.readouterr().err
+    assert not (tmp_path / "inbox").exists()
