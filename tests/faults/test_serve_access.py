@@ -229,6 +229,23 @@ def test_no_labelled_item_is_lost_across_a_restart_or_a_failed_learn(model_dir, 
                                                       "yellow": 2, "purple": 4}
 
 
+def test_concurrent_inbox_learns_learn_each_item_once(model_dir, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with running(ModelService(model_dir, poll=0, token=TOKEN,
+                              inbox=Inbox(tmp_path / "inbox"))) as url:
+        ask(url, unknown_inputs(1))
+        for item in inbox_of(url)["items"]:
+            assert send(url, "POST", f"/inbox/{item['id']}/label", {"label": "new"},
+                        GRANT)[0] == 200
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda _: send(url, "POST", "/inbox/learn", {}, GRANT),
+                                    range(4)))
+        assert sorted(a[0] for a in answers) == [200, 400, 400, 400], answers
+    assert names(model_dir) == ["v1", "v2"]
+    assert Learner.load(model_dir).class_counts()["new"] == 2
+
+
 def test_the_inbox_keeps_nothing_without_the_flag(model_dir, tmp_path):
     before = sorted(tmp_path.rglob("*"))
     with running(ModelService(model_dir, poll=0, allow_learn=True)) as url:

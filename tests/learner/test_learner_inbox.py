@@ -46,6 +46,17 @@ def test_only_unknown_or_unsure_inputs_are_kept_once(tmp_path):
     assert saved["answer"] == UNKNOWN and saved["input"] == "odd" and saved["version"] == "v1"
 
 
+def test_any_json_input_is_kept_and_read_back(tmp_path):
+    inbox = Inbox(tmp_path, max_items=10, max_bytes=1 << 20)
+    vector = [0.5, -1.25, 3.0]
+    assert inbox.offer(vector, UNKNOWN, "v1").input == vector
+    assert inbox.offer([0.5, -1.25, 3.0], UNKNOWN, "v1") is None  # the same value
+    assert inbox.offer({"b": 1, "a": 2}, UNKNOWN, "v1") is not None
+    assert inbox.offer({"a": 2, "b": 1}, UNKNOWN, "v1") is None  # key order aside
+    assert [i.input for i in Inbox(tmp_path, max_items=10, max_bytes=1 << 20).items()] == [
+        vector, {"b": 1, "a": 2}]
+
+
 def test_the_oldest_unlabelled_item_is_dropped_first_and_labelled_ones_never(tmp_path):
     inbox = Inbox(tmp_path, max_items=3, max_bytes=1 << 20)
     for text in ("a", "b", "c"):

@@ -38,13 +38,14 @@ _ITEM_FILE = re.compile(r"^(\d{12})\.json$")
 
 @dataclass(frozen=True)
 class InboxItem:
-    """One kept input: ``id``, ``input`` (as sent), ``answer`` (its predictions, and
+    """One kept input: ``id``, ``input`` (as sent: a text, a base64 image file, any JSON
+    value an input may be), ``answer`` (its predictions, and
     ``unknown``, ``novelty``, ``threshold``, ``set`` as the answer had them), ``version`` (of
     the model that answered), ``received`` (seconds since the epoch), ``label`` (None until
     labelled) and ``digest`` (SHA-256 of the input)."""
 
     id: str
-    input: str
+    input: object
     answer: dict
     version: str
     received: float
@@ -175,17 +176,18 @@ class Inbox:
         probability = answer["predictions"][0].get("probability")
         return probability is not None and probability < self.below
 
-    def offer(self, text: str, answer: dict, version: str) -> InboxItem | None:
-        """Keep ``text`` (an input as sent) with its ``answer`` and ``version`` if
+    def offer(self, sent, answer: dict, version: str) -> InboxItem | None:
+        """Keep ``sent`` (an input as sent, a JSON value) with its ``answer`` and ``version`` if
         :meth:`wanted`, not already kept, and there is room (made by dropping the oldest
         unlabelled items); the item kept, or None."""
         if not self.wanted(answer):
             return None
-        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        canonical = json.dumps(sent, ensure_ascii=False, sort_keys=True, allow_nan=False)
+        digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
         with self._lock:
             if digest in self._digests:
                 return None
-            item = InboxItem(self._next_id(), text, answer, version, time.time(), None, digest)
+            item = InboxItem(self._next_id(), sent, answer, version, time.time(), None, digest)
             data = item.encode()
             if not self._make_room(len(data)):
                 self.dropped += 1

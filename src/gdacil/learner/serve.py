@@ -220,6 +220,7 @@ class ModelService:
         self.poll, self.device = poll, device
         self._decoding = threading.BoundedSemaphore(max_decoding)
         self._learn_lock = threading.Lock()
+        self._inbox_learn_lock = threading.Lock()  # one inbox learn at a time: none twice
         self._problem: str | None = None  # why the current version is not the one served
         self._failed: tuple[str, float] | None = None  # a version that failed to load, when
         self._stop = threading.Event()
@@ -486,6 +487,8 @@ class ModelService:
             except OSError as exc:  # a full disk costs the inbox an item, never an answer
                 _log.warning("gdacil serve: the inbox could not keep an input: %s",
                              _os_problem(exc))
+            except Exception:  # nor does a failure of the inbox itself: the log has it
+                _log.exception("gdacil serve: the inbox failed to keep an input")
 
     def predict(self, payload) -> dict:
         """Answer ``{"inputs": [...], "top_k": k}`` (see the module's documentation)."""
@@ -643,15 +646,16 @@ class ModelService:
         """Learn every labelled item of the inbox in one learn (one new version), then remove
         them: :meth:`learn`'s answer with ``"learned"``, the ids."""
         self._check_can_change()
-        labelled = self._inbox().labelled()
-        if not labelled:
-            raise RequestError(400, "no labelled inbox items to learn")
-        inputs: list = []
-        for start in range(0, len(labelled), self.max_inputs):  # decoded as requests are
-            inputs += self._inputs({"inputs": [i.input for i in
-                                               labelled[start:start + self.max_inputs]]})
-        answer = self._learn(inputs, [cast(str, i.label) for i in labelled])
-        self._inbox().remove(labelled)
+        with self._inbox_learn_lock:
+            labelled = self._inbox().labelled()
+            if not labelled:
+                raise RequestError(400, "no labelled inbox items to learn")
+            inputs: list = []
+            for start in range(0, len(labelled), self.max_inputs):  # decoded as requests are
+                inputs += self._inputs({"inputs": [i.input for i in
+                                                   labelled[start:start + self.max_inputs]]})
+            answer = self._learn(inputs, [cast(str, i.label) for i in labelled])
+            self._inbox().remove(labelled)
         return {**answer, "learned": [i.id for i in labelled]}
 
 

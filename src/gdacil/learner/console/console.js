@@ -154,7 +154,8 @@ async function tryIt(event) {
 
 // ------------------------------------------------------------------------- the inbox
 function preview(item) {
-  if (info.backbone.modality === "text") return element("blockquote", item.input);
+  if (typeof item.input !== "string") return element("blockquote", JSON.stringify(item.input));
+  if (info.backbone.modality !== "image") return element("blockquote", item.input);
   const source = item.input.startsWith("data:") ? item.input
     : "data:image/png;base64," + item.input;
   return element("img", null, { src: source, alt: `the image of inbox item ${item.id}` });
