@@ -745,7 +745,9 @@ def create_app(service: ModelService, *, allowed_hosts=("localhost", "127.0.0.1"
                any_address: bool = False):
     """A FastAPI application serving ``service`` (started and closed with the application),
     answering the ``Host`` names ``allowed_hosts`` (and any IP address with ``any_address``),
-    behind the checks of :mod:`gdacil.learner.guards`.
+    behind the checks of :mod:`gdacil.learner.guards`, the grant of :mod:`gdacil.learner.access`
+    on every change, and counted in ``/metrics`` (:mod:`gdacil.learner.metrics`, one registry
+    per application); the console's page is ``/``.
 
     Handlers never block the event loop: bodies are parsed and images decoded in the thread
     pool, predictions wait on the scheduler's future, learns run in the thread pool. Every
