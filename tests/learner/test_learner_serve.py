@@ -84,6 +84,15 @@ def colour_model(tmp_path):
     return tmp_path / "model"
 
 
+def calibrated_colour_model(path):
+    """A tiny image model of three colours with 60 calibration records, so that its rejection
+    works (yellow and purple are unknown to it), saved as ``path`` (version v1)."""
+    learner = tiny_learner()
+    learner.learn(*colour_set(COLOURS, 20))
+    learner.save(path)
+    return path
+
+
 @pytest.fixture
 def model_dir(tmp_path):
     return colour_model(tmp_path)

@@ -136,16 +136,38 @@ def learner_commands(sub) -> None:
                     "--allow-learn POST /learn "
                     "{\"inputs\": [...], \"labels\": [...]}, which saves a new version and swaps "
                     "it in while predictions keep flowing. Versions written by other commands "
-                    "(gdacil learn, rollback) are picked up within --poll seconds. See "
-                    "docs/learner.md.")
+                    "(gdacil learn, rollback) are picked up within --poll seconds. GET / is a "
+                    "console over the same endpoints (GET /versions, POST /rollback, and with "
+                    "--inbox GET /inbox, POST /inbox/ID/label, /inbox/ID/discard, "
+                    "/inbox/learn); GET /metrics is in the Prometheus text format. With "
+                    "--token-file (or GDACIL_TOKEN) every change needs Authorization: Bearer "
+                    "TOKEN. See docs/learner.md.")
     serve.add_argument("model", metavar="MODEL", help="the model directory")
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default: 127.0.0.1, this machine only)")
     serve.add_argument("--port", type=port, default=8000,
                        help="port, 0 to 65535 (default: 8000; 0: any free port)")
     serve.add_argument("--allow-learn", action="store_true",
-                       help="accept POST /learn (anyone who can reach the server can then "
-                            "change the model; browser pages of other origins never can)")
+                       help="accept POST /learn, /rollback and the inbox's labels without a "
+                            "token (anyone who can reach the server can then change the model; "
+                            "browser pages of other origins never can)")
+    serve.add_argument("--token-file", metavar="FILE", type=nonempty,
+                       help="a file holding a token (at least 16 characters): changes to the "
+                            "model (learn, rollback, inbox labels) and the console's data "
+                            "(/inbox, /versions) then need the header Authorization: Bearer "
+                            "TOKEN (default: the environment variable GDACIL_TOKEN, if set)")
+    serve.add_argument("--inbox", metavar="DIR", type=nonempty,
+                       help="keep the inputs answered unknown in DIR, with their answer and "
+                            "model version, for a person to label on the console at / (nothing "
+                            "is kept without it; see docs/learner.md on privacy)")
+    serve.add_argument("--inbox-below", type=probability, metavar="P",
+                       help="with --inbox: also keep inputs whose best class has a "
+                            "probability below P")
+    serve.add_argument("--inbox-max-items", type=positive_int, default=1000, metavar="N",
+                       help="with --inbox: most items kept; the oldest unlabelled are dropped "
+                            "first (default: 1000)")
+    serve.add_argument("--inbox-max-mb", type=body_mb, default=100, metavar="MB",
+                       help="with --inbox: most MiB of items kept (default: 100)")
     serve.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                        help="another Host name the server answers to, besides the --host "
                             "address, localhost and 127.0.0.1 (repeatable; *.example.com: "
@@ -204,6 +226,7 @@ positive_seconds = _checked(_number, lambda v: v > 0, "a number of seconds > 0")
 nonnegative_seconds = _checked(_number, lambda v: v >= 0, "a number of seconds >= 0")
 body_mb = _checked(_number, lambda v: v * (1 << 20) >= 1, "a size in MiB of at least one byte")
 rate = _checked(_number, lambda v: 0 < v < 1, "a number strictly between 0 and 1")
+probability = _checked(_number, lambda v: 0 < v <= 1, "a probability above 0, at most 1")
 
 #: ``gdacil serve``'s limits: flag, type, default, metavar and help (the default is appended)
 _SERVE_LIMITS = (
@@ -483,9 +506,17 @@ def _rollback(args) -> int:
 
 
 def _serve(args) -> int:
+    from .access import read_token
+    from .inbox import Inbox
     from .serve import serve
 
+    if args.inbox is None and args.inbox_below is not None:
+        raise ValueError("--inbox-below applies with --inbox DIR only")
+    inbox = None if args.inbox is None else Inbox(
+        args.inbox, max_items=args.inbox_max_items,
+        max_bytes=int(args.inbox_max_mb * (1 << 20)), below=args.inbox_below)
     serve(args.model, host=args.host, port=args.port, log_level=args.log_level,
+          token=read_token(args.token_file), inbox=inbox,
           allow_learn=args.allow_learn, max_batch=args.max_batch, max_inputs=args.max_inputs,
           max_body=int(args.max_body_mb * (1 << 20)), max_pixels=args.max_pixels,
           max_pending=args.max_queue, timeout=args.timeout, batch_seconds=args.batch_seconds,

@@ -20,13 +20,25 @@ Endpoints (JSON in and out; every error is ``{"error": "<what is wrong>"}`` with
                    copy of the model, saves the copy as a new version, then makes it the one that
                    answers: ``{"version": "v4", "new": [...], "updated": [...], "classes": 41,
                    "report": "..."}``
+``GET /versions``  ``{"serving": "v3", "versions": [...]}`` (``gdacil versions --format json``)
+``POST /rollback`` ``{"version": "v2"}``: that version is made current and answers
+``GET /inbox``     with an inbox (:mod:`gdacil.learner.inbox`): its items, oldest first;
+                   ``POST /inbox/{id}/label`` ``{"label": ...}``, ``POST /inbox/{id}/discard``
+                   and ``POST /inbox/learn`` (every labelled item in one learn) act on them
+``GET /metrics``   the Prometheus text format (:mod:`gdacil.learner.metrics`)
+``GET /``          the console: a page over these endpoints (``gdacil/learner/console/``)
 =================  ================================================================================
+
+What changes state (learn, rollback, the inbox's label, discard and learn) needs the grant of
+:mod:`gdacil.learner.access`: the bearer token when the server has one (which the inbox and the
+versions need too), else ``allow_learn``.
 
 Statuses: 400 bad input (a body that is not a JSON object, wrong types, bad base64, an
 unreadable image, a label that is not a class name, too many inputs or pixels, a
-``reject_rate`` below :data:`MIN_REJECT_RATE`) or a ``Host`` the server does not answer to, 403
-``/learn`` when learning is not allowed, and any POST from a browser page of another origin,
-404/405 an unknown path or method, 409 when another process changed the model while a learn ran
+``reject_rate`` below :data:`MIN_REJECT_RATE`) or a ``Host`` the server does not answer to, 401
+a request without the server's token (``WWW-Authenticate: Bearer``), 403 a change when none is
+allowed, and any POST from a browser page of another origin, 404/405 an unknown path, version
+or inbox item, or method, 409 when another process changed the model while a learn ran
 (nothing is written), 413 a body over ``max_body`` bytes, 415 a POST body not sent as
 ``application/json``, 500 a failure of the server itself (the log has the traceback), 503 (with
 ``Retry-After``) when the queue is full, a request missed its deadline (``timeout``), a learn
@@ -61,11 +73,14 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from .._optional import require
 from .._validation import check_fraction
 from . import guards
+from .access import CHALLENGE, Access
 from .guards import BodyLimit, RequestGuard
+from .metrics import RequestMetrics, ServerMetrics
 from .scheduler import Busy, Expired, PredictionScheduler
 
 __all__ = ["ModelService", "RequestError", "create_app", "serve"]
@@ -91,6 +106,11 @@ class RequestError(ValueError):
         super().__init__(message)
         self.status = status
 
+    @property
+    def headers(self) -> dict | None:
+        """The headers its answer needs: ``Retry-After`` for 503, the challenge for 401."""
+        return {503: {"Retry-After": "1"}, 401: {"WWW-Authenticate": CHALLENGE}}.get(self.status)
+
 
 @dataclass(frozen=True)
 class PredictRequest:
@@ -104,6 +124,7 @@ class PredictRequest:
     reject: bool = False
     reject_rate: float | None = None
     sets: float | None = None
+    sent: tuple = ()  # the inputs as the client sent them (what an inbox keeps)
 
     @property
     def options(self) -> dict:
@@ -124,7 +145,7 @@ class ModelService:
     directory : path
         A model directory written by :meth:`gdacil.learner.Learner.save` (``gdacil learn``).
     allow_learn : bool
-        Whether :meth:`learn` is allowed (``POST /learn``).
+        Whether :meth:`learn` is allowed (``POST /learn``) without a token.
     max_batch : int
         Most inputs in one backbone forward.
     max_inputs : int
@@ -146,6 +167,12 @@ class ModelService:
         Seconds between checks for a version written by another process; 0 never checks.
     device : optional
         Device of the backbone (default: the backbone's own).
+    token : str, optional
+        The bearer token that changes to the model and the console's data need
+        (:mod:`gdacil.learner.access`); with one, learning is allowed with it.
+    inbox : Inbox, optional
+        Where inputs answered unknown are kept (:class:`gdacil.learner.inbox.Inbox`); None:
+        nothing is kept.
 
     Examples
     --------
@@ -167,7 +194,8 @@ class ModelService:
     def __init__(self, directory, *, allow_learn: bool = False, max_batch: int = 64,
                  max_inputs: int = 256, max_body: int = 32 << 20, max_pixels: int = 40_000_000,
                  max_pending: int = 1024, timeout: float = 60.0, batch_seconds: float = 0.3,
-                 max_decoding: int = 4, poll: float = 1.0, device=None):
+                 max_decoding: int = 4, poll: float = 1.0, device=None,
+                 token: str | None = None, inbox=None):
         for name, value in (("max_batch", max_batch), ("max_inputs", max_inputs),
                             ("max_body", max_body), ("max_pixels", max_pixels),
                             ("max_pending", max_pending), ("max_decoding", max_decoding)):
@@ -183,13 +211,18 @@ class ModelService:
             raise ValueError(f"max_pending ({max_pending}) must be at least max_inputs "
                              f"({max_inputs}), or no full request could ever be queued")
         self.directory = Path(directory).expanduser()
-        self.allow_learn = allow_learn
+        self.access = Access(token, allow_learn)
+        self.allow_learn = self.access.can_change
+        self.inbox = inbox
+        self._observed = {"inputs": 0, "reject_inputs": 0, "unknown": 0}
+        self._observed_lock = threading.Lock()
         self.max_batch, self.max_inputs = max_batch, max_inputs
         self.max_body, self.max_pixels = max_body, max_pixels
         self.max_pending, self.timeout, self.batch_seconds = max_pending, timeout, batch_seconds
         self.poll, self.device = poll, device
         self._decoding = threading.BoundedSemaphore(max_decoding)
         self._learn_lock = threading.Lock()
+        self._inbox_learn_lock = threading.Lock()  # one inbox learn at a time: none twice
         self._problem: str | None = None  # why the current version is not the one served
         self._failed: tuple[str, float] | None = None  # a version that failed to load, when
         self._stop = threading.Event()
@@ -296,7 +329,13 @@ class ModelService:
                            "max_inputs": self.max_inputs, "max_body": self.max_body,
                            "max_pixels": self.max_pixels, "max_pending": self.max_pending,
                            "timeout": self.timeout, "batch_seconds": self.batch_seconds,
-                           "max_text_chars": _max_chars(learner)}}
+                           "max_text_chars": _max_chars(learner),
+                           "token": self.access.token is not None,
+                           "inbox": None if self.inbox is None else {
+                               "items": len(self.inbox), "bytes": self.inbox.bytes,
+                               "max_items": self.inbox.max_items,
+                               "max_bytes": self.inbox.max_bytes, "below": self.inbox.below},
+                           "observed": self.observed()}}
 
     def health(self) -> dict:
         """``{"status": "ok", "version", "classes"}``; when the model served is not the
@@ -345,7 +384,7 @@ class ModelService:
             raise RequestError(400, str(exc)) from None
         items = self._inputs(payload)
         return PredictRequest(items, self._costs(learner, items), top_k, reject, reject_rate,
-                              sets)
+                              sets, tuple(payload["inputs"]))
 
     def _inputs(self, payload) -> list:
         inputs = payload.get("inputs")
@@ -421,7 +460,37 @@ class ModelService:
             out["threshold"] = results[0][1].threshold
         if request.sets is not None:
             out["sets"] = [list(p.prediction_set) for _, p in results]
+        with self._observed_lock:
+            self._observed["inputs"] += len(results)
+            if request.reject:
+                self._observed["reject_inputs"] += len(results)
+                self._observed["unknown"] += sum(p.unknown for _, p in results)
         return out
+
+    def observed(self) -> dict:
+        """Since the service started: ``inputs`` answered, ``reject_inputs`` (those whose
+        request asked ``"reject": true``) and ``unknown`` (those answered unknown)."""
+        with self._observed_lock:
+            return dict(self._observed)
+
+    def keep(self, request: PredictRequest, answer: dict) -> None:
+        """Offer each input of an answered request to the inbox (when there is one)."""
+        if self.inbox is None:
+            return
+        for i, sent in enumerate(request.sent):
+            entry = {"predictions": answer["predictions"][i]}
+            for key, name in (("unknown", "unknown"), ("novelty", "novelty"), ("sets", "set")):
+                if key in answer:
+                    entry[name] = answer[key][i]
+            if "threshold" in answer:
+                entry["threshold"] = answer["threshold"]
+            try:
+                self.inbox.offer(sent, entry, answer["version"])
+            except OSError as exc:  # a full disk costs the inbox an item, never an answer
+                _log.warning("gdacil serve: the inbox could not keep an input: %s",
+                             _os_problem(exc))
+            except Exception:  # nor does a failure of the inbox itself: the log has it
+                _log.exception("gdacil serve: the inbox failed to keep an input")
 
     def predict(self, payload) -> dict:
         """Answer ``{"inputs": [...], "top_k": k}`` (see the module's documentation)."""
@@ -431,17 +500,16 @@ class ModelService:
             results = future.result(timeout=self.timeout + 1)
         except Exception as exc:
             raise refusal(exc) from None
-        return self.answer(request, results)
+        answer = self.answer(request, results)
+        self.keep(request, answer)
+        return answer
 
     def learn(self, payload) -> dict:
         """Answer ``{"inputs": [...], "labels": [...]}``: learn on a copy, save it as a new
         version, then swap it in. Learns run one at a time; a learn that fails writes nothing."""
-        from .bundle import BundleError
         from .names import class_name
 
-        if not self.allow_learn:
-            raise RequestError(403, "learning is not allowed on this server (start it with "
-                                    "--allow-learn)")
+        self._check_can_change()
         if not isinstance(payload, dict):
             raise RequestError(400, "the body must be a JSON object")
         extra = sorted(set(payload) - {"inputs", "labels"})
@@ -456,6 +524,12 @@ class ModelService:
             labels = [class_name(y, f"labels[{i}]") for i, y in enumerate(labels)]
         except ValueError as exc:
             raise RequestError(400, str(exc)) from None
+        return self._learn(inputs, labels)
+
+    def _learn(self, inputs: list, labels: list[str]) -> dict:
+        """Learn checked ``inputs`` with their class names ``labels`` (see :meth:`learn`)."""
+        from .bundle import BundleError
+
         with self._learn_lock:
             learner = self._learner.copy()
             try:
@@ -473,6 +547,118 @@ class ModelService:
                                         "the model is unchanged") from None
             self._learner, self._problem, self._failed = learner, None, None
         return {"version": version, **answer}
+
+    # ------------------------------------------------------------------ the console's operations
+    # Versions, rollback and the inbox: what the console at / shows and does, as JSON endpoints
+    # any client may call (with the token, when the server has one).
+    def authorize(self, authorization: str | None, *, change: bool) -> None:
+        """Refuse (401, 403) a request with the ``Authorization`` header ``authorization``
+        unless :mod:`gdacil.learner.access` grants it; ``change``: it changes state (else it
+        reads the console's data)."""
+        refused = self.access.refusal(authorization, change=change)
+        if refused is not None:
+            raise RequestError(*refused)
+
+    def _check_can_change(self) -> None:
+        if not self.allow_learn:
+            raise RequestError(*self.access.refusal(None, change=True))  # type: ignore[misc]
+
+    def versions(self) -> dict:
+        """``{"serving": "v3", "versions": [...]}``: every saved version, oldest first, as
+        ``gdacil versions --format json`` lists them."""
+        from .bundle import versions
+
+        return {"serving": self._learner.version,
+                "versions": [v.to_dict() for v in versions(self.directory)]}
+
+    def rollback(self, payload) -> dict:
+        """Answer ``{"version": "v2"}``: make that version current (after verifying its files)
+        and serve it; ``{"version": "v2", "classes": 3}``."""
+        from .bundle import BundleError, rollback
+
+        self._check_can_change()
+        if not isinstance(payload, dict) or set(payload) != {"version"}:
+            raise RequestError(400, 'rollback takes {"version": "v2"}')
+        version = payload["version"]
+        if isinstance(version, bool) or not isinstance(version, (str, int)):
+            raise RequestError(400, f"'version' must be a version name such as \"v2\"; got "
+                                    f"{version!r}")
+        with self._learn_lock:
+            try:
+                info = rollback(self.directory, version)
+                learner = self._load(info.name)
+            except BundleError as exc:  # a name that is no version of this model
+                raise RequestError(404, str(exc)) from None
+            except ValueError as exc:  # its files are damaged: CURRENT is unchanged
+                raise RequestError(409, str(exc)) from None
+            except OSError as exc:
+                raise RequestError(503, f"the rollback could not be saved: {_os_problem(exc)}")\
+                    from None
+            self._learner, self._problem, self._failed = learner, None, None
+        return {"version": learner.version, "classes": len(learner.classes)}
+
+    def _inbox(self):
+        if self.inbox is None:
+            raise RequestError(404, "this server keeps no inbox (start it with --inbox DIR)")
+        return self.inbox
+
+    def inbox_list(self, offset: int = 0, limit: int = 100) -> dict:
+        """The items of the inbox, oldest first, from ``offset``, at most ``limit``; with the
+        inbox's counts and bounds."""
+        inbox = self._inbox()
+        items = inbox.items()
+        return {"items": [item.to_dict() for item in items[offset:offset + limit]],
+                "total": len(items), "labelled": sum(i.label is not None for i in items),
+                "bytes": inbox.bytes, "max_items": inbox.max_items,
+                "max_bytes": inbox.max_bytes, "dropped": inbox.dropped}
+
+    def inbox_label(self, item_id: str, payload) -> dict:
+        """Answer ``{"label": "cat"}`` (null: take the label back) for item ``item_id``."""
+        from .names import class_name
+
+        self._check_can_change()
+        inbox = self._inbox()
+        if not isinstance(payload, dict) or set(payload) != {"label"}:
+            raise RequestError(400, 'labelling takes {"label": "class name"}')
+        label = payload["label"]
+        try:
+            label = None if label is None else class_name(label, "label")
+            return inbox.label(item_id, label).to_dict()
+        except KeyError as exc:
+            raise RequestError(404, exc.args[0]) from None
+        except OSError as exc:
+            raise RequestError(503, f"the label could not be saved: {_os_problem(exc)}") \
+                from None
+        except ValueError as exc:
+            raise RequestError(409 if "full" in str(exc) else 400, str(exc)) from None
+
+    def inbox_discard(self, item_id: str, payload) -> dict:
+        """Delete item ``item_id`` (the body: ``{}``)."""
+        self._check_can_change()
+        inbox = self._inbox()
+        if payload not in (None, {}):
+            raise RequestError(400, "discarding takes an empty JSON object {}")
+        try:
+            inbox.discard(item_id)
+        except KeyError as exc:
+            raise RequestError(404, exc.args[0]) from None
+        return {"discarded": item_id}
+
+    def inbox_learn(self) -> dict:
+        """Learn every labelled item of the inbox in one learn (one new version), then remove
+        them: :meth:`learn`'s answer with ``"learned"``, the ids."""
+        self._check_can_change()
+        with self._inbox_learn_lock:
+            labelled = self._inbox().labelled()
+            if not labelled:
+                raise RequestError(400, "no labelled inbox items to learn")
+            inputs: list = []
+            for start in range(0, len(labelled), self.max_inputs):  # decoded as requests are
+                inputs += self._inputs({"inputs": [i.input for i in
+                                                   labelled[start:start + self.max_inputs]]})
+            answer = self._learn(inputs, [cast(str, i.label) for i in labelled])
+            self._inbox().remove(labelled)
+        return {**answer, "learned": [i.id for i in labelled]}
 
 
 #: The fields of a ``/predict`` body
@@ -585,7 +771,9 @@ def create_app(service: ModelService, *, allowed_hosts=("localhost", "127.0.0.1"
                any_address: bool = False):
     """A FastAPI application serving ``service`` (started and closed with the application),
     answering the ``Host`` names ``allowed_hosts`` (and any IP address with ``any_address``),
-    behind the checks of :mod:`gdacil.learner.guards`.
+    behind the checks of :mod:`gdacil.learner.guards`, the grant of :mod:`gdacil.learner.access`
+    on every change, and counted in ``/metrics`` (:mod:`gdacil.learner.metrics`, one registry
+    per application); the console's page is ``/``.
 
     Handlers never block the event loop: bodies are parsed and images decoded in the thread
     pool, predictions wait on the scheduler's future, learns run in the thread pool. Every
@@ -625,11 +813,14 @@ def create_app(service: ModelService, *, allowed_hosts=("localhost", "127.0.0.1"
                   redirect_slashes=False)
     app.add_middleware(BodyLimit, limit=service.max_body)
     app.add_middleware(RequestGuard, hosts=allowed_hosts, any_address=any_address)
+    metrics = app.state.metrics = ServerMetrics(service)
+
+    def granted(request: Request, *, change: bool) -> None:
+        service.authorize(request.headers.get("authorization"), change=change)
 
     @app.exception_handler(RequestError)
     async def refused(request: Request, exc: RequestError):
-        headers = {"Retry-After": "1"} if exc.status == 503 else None
-        return JSONResponse({"error": str(exc)}, status_code=exc.status, headers=headers)
+        return JSONResponse({"error": str(exc)}, status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):
@@ -672,13 +863,100 @@ def create_app(service: ModelService, *, allowed_hosts=("localhost", "127.0.0.1"
         except Exception as exc:
             future.cancel()
             raise refusal(exc) from None
-        return service.answer(prepared, results)
+        answer = service.answer(prepared, results)
+        if service.inbox is not None:  # its writes wait on the disk: off the event loop
+            await run_in_threadpool(service.keep, prepared, answer)
+        return answer
 
     @app.post("/learn")
     async def learn(request: Request):
+        granted(request, change=True)
         return await run_in_threadpool(service.learn, await body(request))
 
+    _console_routes(app, service, body, granted)
+    app.add_middleware(RequestMetrics, metrics=metrics, routes=app.router.routes)  # outermost
     return app
+
+
+def _console_routes(app, service: ModelService, body, granted) -> None:
+    """The routes of the console (:mod:`gdacil.learner.console`) and of the operations it
+    calls: versions, rollback, the inbox, the metrics."""
+    from fastapi import Request
+    from fastapi.concurrency import run_in_threadpool
+    from fastapi.responses import Response
+
+    @app.get("/")
+    async def console():
+        return Response(_console_file("index.html"), media_type="text/html; charset=utf-8",
+                        headers=CONSOLE_HEADERS)
+
+    @app.get("/console/{name}")
+    async def console_file(name: str):
+        if name not in CONSOLE_FILES:
+            raise RequestError(404, f"no console file {name!r}")
+        return Response(_console_file(name), media_type=CONSOLE_FILES[name],
+                        headers=CONSOLE_HEADERS)
+
+    @app.get("/metrics")
+    async def metrics():
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/versions")
+    async def versions(request: Request):
+        granted(request, change=False)
+        return await run_in_threadpool(service.versions)
+
+    @app.post("/rollback")
+    async def rollback(request: Request):
+        granted(request, change=True)
+        return await run_in_threadpool(service.rollback, await body(request))
+
+    @app.get("/inbox")
+    async def inbox(request: Request):
+        granted(request, change=False)
+        query = request.query_params
+        offset, limit = query.get("offset", "0"), query.get("limit", "100")
+        if not (offset.isdigit() and limit.isdigit() and 1 <= int(limit) <= 1000):
+            raise RequestError(400, f"'offset' must be an integer >= 0 and 'limit' one from 1 "
+                                    f"to 1000; got offset={offset!r}, limit={limit!r}")
+        return await run_in_threadpool(service.inbox_list, int(offset), int(limit))
+
+    @app.post("/inbox/learn")
+    async def inbox_learn(request: Request):
+        granted(request, change=True)
+        return await run_in_threadpool(service.inbox_learn)
+
+    @app.post("/inbox/{item}/label")
+    async def inbox_label(item: str, request: Request):
+        granted(request, change=True)
+        return await run_in_threadpool(service.inbox_label, item, await body(request))
+
+    @app.post("/inbox/{item}/discard")
+    async def inbox_discard(item: str, request: Request):
+        granted(request, change=True)
+        raw = await request.body()
+        return await run_in_threadpool(service.inbox_discard, item,
+                                       _json_body(raw) if raw.strip() else None)
+
+
+#: The console's files and their media types
+CONSOLE_FILES = {"index.html": "text/html; charset=utf-8",
+                 "console.js": "text/javascript; charset=utf-8",
+                 "console.css": "text/css; charset=utf-8"}
+#: The console loads nothing from elsewhere, runs no inline script, and is never framed (a page
+#: of another site framing it could trick the operator into clicking its buttons)
+CONSOLE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
+                                              "frame-ancestors 'none'; form-action 'none'",
+                   "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff",
+                   "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
+
+
+def _console_file(name: str) -> bytes:
+    from importlib.resources import files
+
+    return files("gdacil.learner").joinpath("console").joinpath(name).read_bytes()
 
 
 def serve(directory, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
@@ -692,7 +970,9 @@ def serve(directory, *, host: str = "127.0.0.1", port: int = 8000, log_level: st
     service = ModelService(directory, **options)
     print(f"gdacil: serving {directory} (version {service.learner.version}, "
           f"{len(service.learner.classes)} classes) on http://{host}:{port}"
-          + ("; POST /learn allowed" if service.allow_learn else "")
+          + ("; changes need the token" if service.access.token is not None
+             else "; POST /learn allowed" if service.allow_learn else "")
+          + (f"; keeping unknown inputs in {service.inbox.directory}" if service.inbox is not None else "")
           + f"; answering Host {', '.join(hosts)}"
           + (" and any IP address" if host in guards.WILDCARD_BINDS else ""), flush=True)
     app = create_app(service, allowed_hosts=hosts, any_address=host in guards.WILDCARD_BINDS)
