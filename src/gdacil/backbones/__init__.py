@@ -18,6 +18,7 @@ name                     what
 ``efficientnet-lite0``   EfficientNet-Lite0 from PyPI packages (offline)
 ``timm``                 any ``timm`` model (optional dependency)
 ``random-projection``    RanPAC-style ReLU random projection of another backbone
+``vectors``              the identity of vectors of a fixed dimension (embeddings made elsewhere)
 =======================  =====================================================================
 
 >>> from gdacil.backbones import build_backbone
@@ -42,6 +43,7 @@ from .minilm import minilm
 from .preprocess import NORMALIZATIONS, ImagePreprocess, to_rgb
 from .projection import RandomProjection
 from .timm_adapter import TimmBackbone
+from .vectors import VectorBackbone
 
 __all__ = [
     "BACKBONES",
@@ -57,6 +59,7 @@ __all__ = [
     "ImagePreprocess",
     "RandomProjection",
     "TimmBackbone",
+    "VectorBackbone",
     "backbone_options",
     "build_backbone",
     "check_backbone_options",
@@ -78,6 +81,7 @@ BACKBONES.register("bert", HFTextBackbone)
 BACKBONES.register("minilm", minilm)
 BACKBONES.register("efficientnet-lite0", EfficientNetLite0Backbone)
 BACKBONES.register("timm", TimmBackbone)
+BACKBONES.register("vectors", VectorBackbone)
 
 
 @BACKBONES.register("random-projection")
