@@ -44,7 +44,7 @@ class VectorBackbone(Backbone):
         super().__init__(nn.Identity(), dim, name="vectors", device=device)
 
     def preprocess(self, raw: Sequence) -> dict[str, torch.Tensor]:
-        x = torch.as_tensor(np.asarray(raw, dtype=np.float64).reshape(len(raw), -1))
+        x = torch.from_numpy(np.array(raw, dtype=np.float64).reshape(len(raw), -1))
         if x.shape[1] != self.dim:
             raise ValueError(f"expected vectors of {self.dim} numbers; got {x.shape[1]}")
         return {"vectors": x}

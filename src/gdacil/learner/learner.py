@@ -844,7 +844,22 @@ class Learner:
 
     def _extract(self, keys: list[str], load, progress: bool = False,
                  what: str = "learn") -> torch.Tensor:
-        """Features of ``keys``: with a progress bar (``progress``), else with a progress line
+        """Features of ``keys`` (:meth:`_extract_here`); under ``torchrun`` each process
+        extracts its contiguous share of them and every process gets all the features back
+        (:func:`gdacil.distributed.all_gather_rows`), as ``gdacil run`` shards extraction."""
+        if distributed.world_size() == 1:
+            return self._extract_here(keys, load, progress, what)
+        mine = distributed.shard(keys)
+        X = self._extract_here(list(mine), load, progress, what) if len(mine) else \
+            torch.empty(0, self.backbone.dim, dtype=self._feature_dtype())
+        return distributed.all_gather_rows(X)
+
+    def _feature_dtype(self) -> torch.dtype:
+        return torch.float64 if self.modality == "vector" else torch.float32
+
+    def _extract_here(self, keys: list[str], load, progress: bool = False,
+                      what: str = "learn") -> torch.Tensor:
+        """Features of ``keys`` in this process: with a progress bar (``progress``), else with a progress line
         on the ``gdacil.learner`` logger (INFO) at most every :data:`PROGRESS_SECONDS` while it
         runs, so that a user whose output is not a terminal sees it is alive. The chunks are
         :func:`extract_features`' own, so the features are the same either way."""
