@@ -14,12 +14,12 @@ import subprocess
 import numpy as np
 import pytest
 import torch
+from test_learner_cli import README, fails, ok
 
 from gdacil.learner import Learner, versions
 from gdacil.sklearn import LRRGDAClassifier
 
 from _assets import needs_serve
-from test_learner_cli import README, fails, ok
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
