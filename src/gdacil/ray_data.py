@@ -31,7 +31,7 @@ import torch
 from ._optional import require
 from .stats import ClassGaussians
 
-__all__ = ["ClassStatisticsAggregation", "Extract", "class_statistics", "grouped_statistics",
+__all__ = ["ClassStatisticsAggregation", "Extract", "class_statistics", "grouped_statistics",  # noqa: F822
            "to_class_gaussians"]
 
 INSTALL = "pip install 'gdacil[ray]'"

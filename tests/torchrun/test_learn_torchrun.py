@@ -9,11 +9,11 @@ import json
 import numpy as np
 import pytest
 import torch
+from test_distributed import relative_error, torchrun
 
 from gdacil.learner import Learner, versions
 
 from _assets import TINY_VIT, needs_transformers
-from test_distributed import relative_error, torchrun
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
