@@ -93,7 +93,14 @@ from .data import (
     read_samples,
 )
 from .reservoir import AnchorReservoir
-from .vectors import VECTOR_SUFFIXES, VectorTable, as_vectors, read_vectors, table_of
+from .vectors import (
+    VECTOR_SUFFIXES,
+    VectorTable,
+    as_vectors,
+    read_vectors,
+    table_of,
+    table_statistics,
+)
 
 if TYPE_CHECKING:
     from ..heads import GaussianHead
@@ -563,19 +570,9 @@ class Learner:
         kept = torch.from_numpy(np.flatnonzero(keep))
         folds[kept] = self._record_folds(t, y[kept])
         bb = self._vector_backbone(table.dim)
-        stats = ClassGaussians(table.dim, ddof=cfg.ddof)
-        records: list[torch.Tensor] = []
-        start, stop = distributed.shard_bounds(table.n)
-        for first, X in table.chunks(start, stop):
-            rows = slice(first, first + len(X))
-            mine = torch.from_numpy(keep[rows])
-            features = bb.extract(X, batch_size=len(X))
-            if bool(mine.any()):
-                stats.update(features[mine], y[rows][mine])
-            records.append(features[folds[rows] >= 0])
+        stats, X_records = table_statistics(table, y, bb, keep=torch.from_numpy(keep),
+                                            records=folds >= 0, ddof=cfg.ddof)
         at = torch.nonzero(folds >= 0)[:, 0]
-        stats = distributed.all_reduce_stats(stats)
-        X_records = distributed.all_gather_rows(torch.cat(records))
         n = int(keep.sum())
         report = LearnReport(table.source, n, tuple(learned), tuple(fresh), tuple(updated))
         self._learn_moments(bb, stats, X_records, y[at], folds[at])

@@ -31,7 +31,7 @@ import numpy as np
 from .._optional import require
 
 __all__ = ["CHUNK_ROWS", "VECTOR_SUFFIXES", "VectorTable", "as_vectors", "read_vectors",
-           "table_of"]
+           "table_of", "table_statistics"]
 
 #: Rows of a vectors file read (and learned) at a time: what bounds a learn's memory
 CHUNK_ROWS = 65_536
@@ -142,6 +142,38 @@ def _rows_of(X: np.ndarray, start: int, stop: int, rows: int):
     """:attr:`VectorTable.read` of vectors in memory."""
     for s in range(start, stop, rows):
         yield s, X[s:min(s + rows, stop)]
+
+
+def table_statistics(table: VectorTable, labels, backbone, *, keep=None, records=None,
+                     ddof: int = 0):
+    """``(statistics, record features)`` of a table, read a chunk at a time: the
+    :class:`~gdacil.ClassGaussians` of the ``backbone``'s features of the rows ``keep`` (bool
+    ``(n,)``, default all) with class ids ``labels`` (int64 ``(n,)``), and the features of the
+    rows ``records`` (bool ``(n,)``, default none), in row order. Under ``torchrun`` each
+    process reads its contiguous share of the rows; the statistics are merged exactly
+    (:func:`gdacil.distributed.all_reduce_stats`) and the records gathered in row order, so
+    every process gets the whole. Memory: the statistics, one chunk and the records."""
+    import torch
+
+    from .. import distributed
+    from ..stats import ClassGaussians
+
+    labels = torch.as_tensor(labels, dtype=torch.int64)
+    stats = ClassGaussians(table.dim, ddof=ddof)
+    kept: list = []
+    start, stop = distributed.shard_bounds(table.n)
+    for first, X in table.chunks(start, stop):
+        rows = slice(first, first + len(X))
+        features = backbone.extract(X, batch_size=len(X))
+        mine = keep[rows] if keep is not None else None
+        if mine is None:
+            stats.update(features, labels[rows])
+        elif bool(mine.any()):
+            stats.update(features[mine], labels[rows][mine])
+        if records is not None:
+            kept.append(features[records[rows]])
+    found = torch.cat(kept) if kept else torch.empty(0, table.dim, dtype=torch.float64)
+    return distributed.all_reduce_stats(stats), distributed.all_gather_rows(found)
 
 
 # ---------------------------------------------------------------------- checks
