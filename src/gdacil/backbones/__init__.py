@@ -37,6 +37,7 @@ from ..registry import Registry
 from .base import FINAL_NORMS, Backbone, normalize_features
 from .blocks import BlockLinears, find_blocks
 from .efficientnet import EfficientNetLite0Backbone
+from .encoder import EncoderBackbone, directory_identity, sentence_transformers_encoder
 from .hf_text import POOLINGS, HFTextBackbone
 from .hf_vision import HF_VISION_FAMILIES, HFVisionBackbone
 from .minilm import minilm
@@ -54,6 +55,7 @@ __all__ = [
     "Backbone",
     "BlockLinears",
     "EfficientNetLite0Backbone",
+    "EncoderBackbone",
     "HFTextBackbone",
     "HFVisionBackbone",
     "ImagePreprocess",
@@ -63,8 +65,10 @@ __all__ = [
     "backbone_options",
     "build_backbone",
     "check_backbone_options",
+    "directory_identity",
     "find_blocks",
     "normalize_features",
+    "sentence_transformers_encoder",
     "to_rgb",
 ]
 

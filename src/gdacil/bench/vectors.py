@@ -36,7 +36,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .common import machine_info, markdown_table, output_arguments, refuse_to_overwrite, write_report
+from .common import (
+    machine_info,
+    markdown_table,
+    output_arguments,
+    refuse_to_overwrite,
+    write_report,
+)
 
 __all__ = ["main"]
 

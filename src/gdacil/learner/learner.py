@@ -346,6 +346,13 @@ class Learner:
                              f"{bb.modality} features, but this model was built on "
                              f"{record['dim']}-d {record['modality']} features")
         if bb.weights_fingerprint() != record["weights_sha256"]:
+            location = str((record.get("config") or {}).get("source") or "")
+            if getattr(bb, "strict", False) or location.startswith("local:"):
+                raise ValueError(
+                    f"the backbone {self.config.backbone!r} is not the encoder this model learned "
+                    f"with: its weights (identity) hash to {bb.weights_fingerprint()[:12]}, the "
+                    f"model's to {str(record['weights_sha256'])[:12]}; its features would differ. "
+                    "Give it the encoder it was learned with")
             warnings.warn(f"the weights of the backbone {self.config.backbone!r} differ from "
                           "those this model learned with (a different installed version?); "
                           "its features, and so its predictions, may differ", UserWarning,
