@@ -106,6 +106,7 @@ def _block_statistics(block, vector_column: str, label_column: str | None, ddof:
         X = _numeric(np.asarray(BlockAccessor.for_block(table).to_numpy(vector_column)), where,
                      "the column")
         _check_finite(X, lambda _: where)
+    names: tuple[str, ...]
     if label_column is None:
         names, codes = ("",), np.zeros(len(X), dtype=np.int64)
     else:

@@ -65,8 +65,11 @@ def _vectors(classes: range, per_class: int, dim: int, seed: int) -> tuple[np.nd
 
 
 def _write_parquet(path: Path, X: np.ndarray, y: np.ndarray) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    from .._optional import require
+
+    pa = require("pyarrow", feature="the vectors benchmark", install="pip install 'gdacil[ray]'")
+    pq = require("pyarrow.parquet", feature="the vectors benchmark",
+                 install="pip install 'gdacil[ray]'")
 
     schema = pa.schema([("vector", pa.list_(pa.float32(), X.shape[1])), ("label", pa.string())])
     with pq.ParquetWriter(path, schema) as writer:
@@ -86,7 +89,7 @@ def file_statistics(path) -> tuple:
 
     table = read_vectors(path)
     stats, _ = table_statistics(table, table.codes, build_backbone("vectors", dim=table.dim))
-    return stats, list(table.names)
+    return stats, list(table.names or ())
 
 
 def _worker(paths: list[str], out: str) -> None:
@@ -153,7 +156,7 @@ def engines(cfg, work: Path) -> dict:
         if not path.exists():
             _write_parquet(path, *_vectors(classes, cfg.per_class, cfg.dim, cfg.seed))
         paths.append(path)
-    seconds = {"one": [], "ray": []}
+    seconds: dict[str, list[float]] = {"one": [], "ray": []}
     references = []
     for path in paths:
         start = time.perf_counter()
@@ -205,9 +208,10 @@ def learns(cfg, work: Path) -> list[dict]:
         done = subprocess.run(["/usr/bin/time", "-v", sys.executable, "-m", "gdacil", "learn",
                                str(model), "--data", str(path)], env=env, capture_output=True,
                               text=True, check=True)
-        peak_kib = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)",
-                                 done.stderr).group(1))
-        wall = re.search(r"Elapsed \(wall clock\) time .*: ([\d:.]+)", done.stderr).group(1)
+        peak = re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)
+        elapsed = re.search(r"Elapsed \(wall clock\) time .*: ([\d:.]+)", done.stderr)
+        assert peak is not None and elapsed is not None, done.stderr  # GNU time's report
+        peak_kib, wall = int(peak.group(1)), elapsed.group(1)
         seconds = sum(float(p) * 60 ** i for i, p in enumerate(reversed(wall.split(":"))))
         print(done.stdout.strip())
         rows.append({"vectors": per_class * cfg.learn_classes, "classes": cfg.learn_classes,

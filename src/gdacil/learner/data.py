@@ -89,10 +89,10 @@ def per_class_positions(labels: Sequence, n: int, seed) -> np.ndarray:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"max_per_class must be a positive integer; got {n!r}")
     rng = np.random.default_rng(seed)
-    labels = np.asarray(labels, dtype=object)
+    values = np.asarray(labels, dtype=object)
     keep: list[np.intp] = []
-    for name in sorted(set(labels.tolist())):
-        where = np.flatnonzero(labels == name)
+    for name in sorted(set(values.tolist())):
+        where = np.flatnonzero(values == name)
         keep.extend(where if len(where) <= n else rng.choice(where, n, replace=False))
     return np.array(sorted(int(i) for i in keep), dtype=np.int64)
 

@@ -230,7 +230,7 @@ class ModelService:
         if learner.modality == "text":
             sample = ["warm-up"]
         elif learner.modality == "vector":
-            sample = [[0.0] * learner._dim()]
+            sample = [[0.0] * learner._dim()]  # type: ignore[list-item]
         else:
             Image = require("PIL.Image", feature="image inputs", install="pip install pillow")
             sample = [Image.new("RGB", (32, 32), (128, 128, 128))]

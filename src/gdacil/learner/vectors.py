@@ -400,7 +400,7 @@ def _parquet_labels(path: Path, column, label_column: str, pa):
     return names, by_value[index]
 
 
-def _parquet_rows(path: Path, array, first: int, dim: int, column: str, pa) -> np.ndarray:
+def _parquet_rows(path: Path | str, array, first: int, dim: int, column: str, pa) -> np.ndarray:
     """One batch of a Parquet vector column as float64 ``(m, dim)``, checked: nulls, rows of
     another length, non-finite numbers."""
     def where(r: int) -> str:
