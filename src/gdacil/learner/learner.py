@@ -643,6 +643,8 @@ class Learner:
         source : str, optional
             What the history calls them (default: the file, or "statistics").
 
+        Notes
+        -----
         Statistics carry no samples, so they cannot calibrate the model: the calibration
         stays as it was (as after a learn in which no class has 3 samples), its records scored
         by a head without these classes; calibrate on held-out samples of them
