@@ -390,7 +390,7 @@ def _inputs(learner, model: Path, items: list[str]) -> list[str]:
     return out
 
 
-def _predict_inputs(learner, args) -> tuple[list, list]:
+def _predict_inputs(learner, args) -> tuple:
     """``(inputs, what the output calls each)`` of ``gdacil predict``: a vectors file's rows
     (called by their row number, from 1), vectors given as JSON lists, texts or images."""
     model = Path(args.model)
@@ -408,7 +408,7 @@ def _predict_inputs(learner, args) -> tuple[list, list]:
     if args.data is not None:
         table = learner._vector_table(args.data, None, args.vector_column, "label",
                                       need_labels=False)
-        return list(table.array()), list(range(1, table.n + 1))
+        return table.array(), list(range(1, table.n + 1))
     vectors = []
     for i, text in enumerate(args.inputs):
         try:

@@ -209,7 +209,7 @@ def _single(inputs) -> bool:
 
 
 class Learner:
-    """A continual classifier over raw images or texts.
+    """A continual classifier over raw images or texts, or vectors (``Learner("vectors")``).
 
     ``Learner(backbone, **settings)``: the settings are the fields of :class:`LearnerConfig`
     (``head``, ``head_params``, ``strategy``, ``compensator``, ``statistics``, ``anchors``,
@@ -536,6 +536,9 @@ class Learner:
                                  labels=need_labels)
         else:
             table = table_of(data, labels)
+        if need_labels and table.names is None:
+            raise ValueError("learning vectors in memory needs their labels: "
+                             "learn(vectors, labels)")
         dim = self._dim()
         if dim is not None and table.dim != dim:
             column = f" (column {vector_column!r})" if isinstance(data, (str, os.PathLike)) else ""
@@ -566,9 +569,8 @@ class Learner:
                                          task_seed(cfg.seed, t, _CAP))
             keep[:] = False
             keep[chosen] = True
-        present = np.unique(table.codes[keep])
-        order = sorted(present.tolist(), key=lambda c: int(np.argmax(table.codes == c)))
-        learned = [table.names[c] for c in order]
+        # names are numbered by first appearance in the table
+        learned = [table.names[c] for c in np.unique(table.codes[keep]).tolist()]
         self._loaded_statistics()
         ids, fresh, updated = self._class_ids_after(learned)
         y = torch.from_numpy(np.array([ids.get(n, -1) for n in table.names],
@@ -663,7 +665,7 @@ class Learner:
         if self._strategy is not None:
             raise ValueError("statistics computed elsewhere cannot be learned by a model whose "
                              "strategy trains the backbone (the features would move)")
-        dim = self._dim() if self.config.backbone != "vectors" or self._record else None
+        dim = self._dim()  # None: a vectors model whose dimension these statistics fix
         if dim is not None and statistics.dim != dim:
             raise ValueError(f"{source}: statistics of {statistics.dim}-d features, but this "
                              f"model's are {dim}-d")
@@ -679,7 +681,8 @@ class Learner:
         tensors, meta = statistics.state_dict()
         tensors["labels"] = torch.tensor([ids[n] for n in learned], dtype=torch.int64)
         new = ClassGaussians.from_state((tensors, meta), source=source)
-        bb = (_vectors_backbone(statistics.dim, self.device) if dim is None else self.backbone)
+        bb = (self._vector_backbone(statistics.dim) if self.config.backbone == "vectors"
+              else self.backbone)
         empty = torch.empty(0, dtype=torch.int64)
         self._learn_moments(bb, new, torch.empty(0, statistics.dim, dtype=torch.float64), empty,
                             empty)
