@@ -652,6 +652,18 @@ class Learner:
         by a head without these classes; calibrate on held-out samples of them
         (:meth:`calibrate`) for rates that cover them. A file of statistics of another
         backbone (its record differs from this model's) is refused.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from gdacil import ClassGaussians
+        >>> g = torch.Generator().manual_seed(0)
+        >>> site = ClassGaussians(4).update(torch.randn(30, 4, generator=g), torch.arange(30) % 3)
+        >>> model = Learner("vectors")
+        >>> print(model.learn_statistics(site, ["cat", "dog", "owl"]))
+        learned 30 samples of 3 classes (3 new, 0 updated)
+        >>> model.predict([0.1, 0.0, -0.2, 0.3])[0].label in {"cat", "dog", "owl"}
+        True
         """
         if isinstance(statistics, (str, os.PathLike)):
             source = source or str(statistics)

@@ -104,7 +104,18 @@ def as_vectors(inputs, dim: int | None = None, *, names: Sequence[str] | None = 
                ) -> np.ndarray:
     """In-memory vectors as float64 ``(n, d)``: a 2-d array or tensor, or a sequence of
     sequences of numbers (``names``: what messages call each row, default ``inputs[i]``);
-    ``dim``: the dimension they must have."""
+    ``dim``: the dimension they must have.
+
+    Examples
+    --------
+    >>> from gdacil.learner.vectors import as_vectors
+    >>> as_vectors([[1, 2], [3, 4.5]]).dtype
+    dtype('float64')
+    >>> as_vectors([[1, 2], [3, "4"]])
+    Traceback (most recent call last):
+    ...
+    ValueError: inputs[1]: element 1 is str '4', not a number
+    """
     if hasattr(inputs, "detach"):  # a torch tensor
         inputs = inputs.detach().cpu().numpy()
     rows = inputs if isinstance(inputs, np.ndarray) and inputs.ndim == 2 else list(inputs)
