@@ -17,7 +17,7 @@ from gdacil.backbones import (
 )
 from gdacil.learner import Learner
 
-from _assets import needs_minilm
+from _assets import needs_minilm, needs_transformers
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 IDENTITY = {"encoder": "letter-counts", "version": 1}  # what the registered factory states
@@ -80,3 +80,20 @@ def test_sentence_transformers_gives_minilm_features_exactly():
     torch.testing.assert_close(encoder.extract(texts), reference, rtol=1e-5, atol=1e-6)
     assert encoder.dim == 384 and encoder.weights_fingerprint() == \
         sentence_transformers_encoder(path).weights_fingerprint()
+
+
+@needs_transformers
+def test_a_model_from_a_local_directory_refuses_other_weights_there(tmp_path):
+    from _assets import TINY_VIT
+
+    build_backbone("vit", config=TINY_VIT).model.save_pretrained(tmp_path / "my-vit")
+    rng = np.random.default_rng(0)
+    images = list(rng.integers(0, 256, size=(6, 32, 32, 3), dtype=np.uint8))
+    learner = Learner("vit", backbone_options={"source": str(tmp_path / "my-vit"),
+                                               "local_files_only": True}, head="ncm")
+    learner.learn(images, ["a", "b"] * 3)
+    learner.save(tmp_path / "model")
+    assert Learner.load(tmp_path / "model").predict(images[:1])[0].label in ("a", "b")
+    build_backbone("vit", config=TINY_VIT, seed=1).model.save_pretrained(tmp_path / "my-vit")
+    with pytest.raises(ValueError, match="'vit' is not the encoder this model learned with"):
+        Learner.load(tmp_path / "model").predict(images[:1])
