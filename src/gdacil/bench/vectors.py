@@ -246,7 +246,9 @@ def render(payload: dict) -> str:
               "-" if k == "one" else f"{e['max_relative_difference_vs_one'][k]:.1e}"]
              for k in ("one", "torchrun", "ray")]),
         f"torchrun timed inside its processes; the whole command (process start, group setup) "
-        f"took {e['torchrun_command_seconds']:.1f} s. Ray's cluster start is not timed.",
+        f"took {e['torchrun_command_seconds']:.1f} s. Ray's cluster start is not timed."
+        + (f" This part was measured by an earlier run: `{payload['engines_command']}`."
+           if "engines_command" in payload else ""),
         "",
         f"## `gdacil learn` of a Parquet file ({cfg['dim']}-d, {cfg['learn_classes']} classes)",
         "",
@@ -275,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", type=Path, help="where the Parquet files go (kept, reused)")
     parser.add_argument("--machine", default="", help="the machine, in words, for the report")
+    parser.add_argument("--engines-from", type=Path, metavar="JSON",
+                        help="take part 1 from an earlier run's vectors.json (run part 2 only)")
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     output_arguments(parser, "vectors", "vectors.json and vectors.md")
     args = parser.parse_args(argv)
@@ -291,7 +295,12 @@ def main(argv: list[str] | None = None) -> int:
                "command": "python -m gdacil bench vectors " + " ".join(argv or sys.argv[1:]),
                "learn_statistics_mib": args.learn_classes * (args.dim ** 2 + args.dim + 1) * 8
                / 2 ** 20}
-    payload["engines"] = engines(args, work)
+    if args.engines_from is not None:
+        earlier = json.loads(args.engines_from.read_text())
+        payload["engines"] = earlier["engines"]
+        payload["engines_command"] = earlier["command"]
+    else:
+        payload["engines"] = engines(args, work)
     print(json.dumps(payload["engines"], indent=2))
     payload["learns"] = learns(args, work)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -345,7 +345,8 @@ def _parquet(path: Path, vector_column: str, label_column: str | None) -> Vector
     pq = require("pyarrow.parquet", feature="Parquet files", install=INSTALL)
     pa = require("pyarrow", feature="Parquet files", install=INSTALL)
     try:
-        file = pq.ParquetFile(path)
+        # pre_buffer would buffer every column chunk of the file: memory grew with the file
+        file = pq.ParquetFile(path, pre_buffer=False)
     except (pa.ArrowException, OSError) as exc:
         raise ValueError(f"{path}: not a Parquet file ({exc})") from None
     schema = file.schema_arrow
