@@ -160,11 +160,11 @@ def engines(cfg, work: Path) -> dict:
     references = []  # saved, not held: memory stays one file's statistics
     for k, path in enumerate(paths):
         start = time.perf_counter()
-        found = file_statistics(path)
+        stats, names = file_statistics(path)
         seconds["one"].append(time.perf_counter() - start)
         references.append(work / f"one-{k}.safetensors")
-        _save(*found, references[-1])
-        del found
+        _save(stats, names, references[-1])
+        del stats
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
