@@ -42,11 +42,13 @@ def png_base64(pixels: np.ndarray) -> str:
 
 
 @contextmanager
-def running(service: ModelService):
-    """``service`` behind uvicorn on a free local port; yields the base URL."""
+def running(service: ModelService, wrap=None):
+    """``service`` behind uvicorn on a free local port (its application passed through
+    ``wrap``, an ASGI middleware, when given); yields the base URL."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=0,
+    app = create_app(service) if wrap is None else wrap(create_app(service))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0,
                                            log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -176,7 +176,11 @@ def learner_commands(sub) -> None:
                        help="port, 0 to 65535 (default: 8000; 0: any free port)")
     serve.add_argument("--allow-learn", action="store_true",
                        help="accept POST /learn (anyone who can reach the server can then "
-                            "change the model)")
+                            "change the model; browser pages of other origins never can)")
+    serve.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                       help="another Host name the server answers to, besides the --host "
+                            "address, localhost and 127.0.0.1 (repeatable; *.example.com: "
+                            "every subdomain; *: any, when a proxy in front checks Host)")
     for flag, kind, default, metavar, text in _SERVE_LIMITS:
         shown = f"{default:g}" if isinstance(default, float) else default
         serve.add_argument(flag, type=kind, default=default, metavar=metavar,
@@ -580,5 +584,6 @@ def _serve(args) -> int:
           allow_learn=args.allow_learn, max_batch=args.max_batch, max_inputs=args.max_inputs,
           max_body=int(args.max_body_mb * (1 << 20)), max_pixels=args.max_pixels,
           max_pending=args.max_queue, timeout=args.timeout, batch_seconds=args.batch_seconds,
-          max_connections=args.max_connections, poll=args.poll)
+          max_connections=args.max_connections, poll=args.poll,
+          allowed_hosts=args.allowed_host)
     return 0

@@ -71,7 +71,9 @@ from ..calibration import (
     Calibration,
     calibration_folds,
     held_out_calibration,
+    least_rate,
     new_input_calibration,
+    records_for_rate,
 )
 from ..cil.config import ConfigError
 from ..cil.model import IncrementalModel, TaskData, backbone_weights, task_seed
@@ -1005,17 +1007,14 @@ class Learner:
         calibration = self._calibrated_for("rejection")
         threshold = calibration.threshold(rate)
         if threshold == -math.inf:
-            n = need = calibration.n_records
-            while math.floor(rate * (need + 1)) < 1:  # the fewest records that give a threshold
-                need += 1
-            least = math.ceil(1000 / (n + 1)) / 1000  # the least rate (3 decimals) they allow
-            while math.floor(least * (n + 1)) < 1:
-                least += 0.001
+            n, need = calibration.n_records, records_for_rate(rate)
+            takes = ("more than 1e308" if need is None else f"at least {need}"
+                     if need < 10**15 else f"at least {float(need):.3g}")
             raise ValueError(
                 f"the model's calibration holds {n} records, too few for a false-rejection "
-                f"rate of {rate:g} (that takes at least {need}); ask a larger reject_rate (at "
-                f"least {least:.3f}), or learn more samples at once (each sample of a learn's "
-                "classes with 3 samples or more is a record; a learn with fewer than "
+                f"rate of {rate:g} (that takes {takes}); ask a larger reject_rate (at "
+                f"least {least_rate(n):.3f}), or learn more samples at once (each sample of a "
+                "learn's classes with 3 samples or more is a record; a learn with fewer than "
                 f"{MIN_RECORDS} is joined by the newest records of earlier learns)")
         return threshold
 

@@ -24,12 +24,16 @@ Endpoints (JSON in and out; every error is ``{"error": "<what is wrong>"}`` with
 =================  ================================================================================
 
 Statuses: 400 bad input (a body that is not a JSON object, wrong types, bad base64, an
-unreadable image, a label that is not a class name, too many inputs or pixels), 403 ``/learn``
-when learning is not allowed, 404/405 an unknown path or method, 409 when another process changed
-the model while a learn ran (nothing is written), 413 a body over ``max_body`` bytes, 500 a
-failure of the server itself (the log has the traceback), 503 (with ``Retry-After``) when the
-queue is full, a request missed its deadline (``timeout``), or the server is shutting down. A body
-is read as JSON whatever its ``Content-Type``.
+unreadable image, a label that is not a class name, too many inputs or pixels, a
+``reject_rate`` below :data:`MIN_REJECT_RATE`) or a ``Host`` the server does not answer to, 403
+``/learn`` when learning is not allowed, and any POST from a browser page of another origin,
+404/405 an unknown path or method, 409 when another process changed the model while a learn ran
+(nothing is written), 413 a body over ``max_body`` bytes, 415 a POST body not sent as
+``application/json``, 500 a failure of the server itself (the log has the traceback), 503 (with
+``Retry-After``) when the queue is full, a request missed its deadline (``timeout``), a learn
+could not be saved (a read-only or full disk: the message names the file), or the server is
+shutting down. :mod:`gdacil.learner.guards` says why the host, origin and content type are
+checked.
 
 Scoring never runs on the event loop: one worker thread runs every backbone forward through a
 :class:`~gdacil.learner.scheduler.PredictionScheduler`, which batches concurrent requests (up to
@@ -49,16 +53,20 @@ until a loadable version is current again.
 import asyncio
 import base64
 import binascii
+import gc
 import json
 import logging
 import threading
 import time
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from .._optional import require
 from .._validation import check_fraction
+from . import guards
+from .guards import BodyLimit, RequestGuard
 from .scheduler import Busy, Expired, PredictionScheduler
 
 __all__ = ["ModelService", "RequestError", "create_app", "serve"]
@@ -67,6 +75,14 @@ INSTALL = "pip install 'gdacil[serve]'"
 _log = logging.getLogger(__name__)
 #: Seconds before a version that failed to load is tried again (a new CURRENT is tried at once).
 RETRY_FAILED_LOAD = 30.0
+#: The smallest ``reject_rate`` a request may ask: a rate below one in a million needs over a
+#: million calibration records
+MIN_REJECT_RATE = 1e-6
+#: The most commas, brackets and braces a request body may hold (texts included). Parsing
+#: holds the Python interpreter, and its time grows with the JSON values of a body, not its
+#: bytes: this bounds it to about 0.1 s (2**18 nested lists), far above what 256 texts or images
+#: need
+MAX_JSON_SEPARATORS = 1 << 18
 
 
 class RequestError(ValueError):
@@ -318,6 +334,9 @@ class ModelService:
         reject_rate = _share(payload, "reject_rate", "the target false-rejection rate")
         if reject_rate is not None and not reject:
             raise RequestError(400, "'reject_rate' applies with \"reject\": true only")
+        if reject_rate is not None and reject_rate < MIN_REJECT_RATE:
+            raise RequestError(400, f"'reject_rate' must be at least {MIN_REJECT_RATE:g} over "
+                                    f"HTTP; got {reject_rate!r}")
         sets = _share(payload, "sets", "the conformal sets' miscoverage alpha")
         learner = self._learner
         try:  # before any input is decoded or queued: a model without calibration says why
@@ -454,6 +473,9 @@ class ModelService:
                 raise RequestError(409, str(exc)) from None
             except ValueError as exc:
                 raise RequestError(400, str(exc)) from None
+            except OSError as exc:  # a read-only or full disk: nothing of this learn is kept
+                raise RequestError(503, f"the learn could not be saved: {_os_problem(exc)}; "
+                                        "the model is unchanged") from None
             self._learner, self._problem, self._failed = learner, None, None
         return {"version": version, **answer}
 
@@ -508,6 +530,12 @@ def _similar_costs(costs: list[float]) -> list[list[int]]:
     return groups
 
 
+def _os_problem(exc: OSError) -> str:
+    """What an ``OSError`` says, with the file it concerns."""
+    what = exc.strerror or _describe(exc)
+    return f"{what}: {exc.filename}" if exc.filename else what
+
+
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -527,73 +555,53 @@ def _max_chars(learner) -> int | None:
     return getattr(learner.backbone, "max_chars", None)
 
 
-class _BodyLimit:
-    """ASGI middleware: answer 413 to a request whose body is over ``limit`` bytes, by its
-    Content-Length or while it streams in."""
-
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.limit):
-            return await self._refuse(send)
-        received, started, refused = 0, False, False
-
-        async def limited_receive():
-            # Over the limit: answer 413 now and tell the application the client has gone
-            # (frameworks turn errors raised while reading a body into their own 400).
-            nonlocal received, refused
-            if refused:
-                return {"type": "http.disconnect"}
-            message = await receive()
-            received += len(message.get("body", b""))
-            if received > self.limit:
-                refused = True
-                if not started:
-                    await self._refuse(send)
-                return {"type": "http.disconnect"}
-            return message
-
-        async def guarded_send(message):
-            nonlocal started
-            if refused:
-                return  # the 413 has been sent
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, limited_receive, guarded_send)
-        except Exception:
-            if not refused:
-                raise
-
-    async def _refuse(self, send):
-        body = (f'{{"error": "the request body is over {self.limit} bytes"}}').encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+_pauses = {"count": 0, "was_enabled": False}  # parses in flight, and the collector before them
+_pauses_lock = threading.Lock()
 
 
-def _json_body(body: bytes, content_type: str):
-    """The JSON value of a request body (any content type: ``curl -d`` sends form-encoded)."""
-    hint = "" if "json" in content_type else " (send a JSON body, with Content-Type: " \
-        "application/json)"
+@contextmanager
+def _collector_paused():
+    """The cyclic garbage collector off while JSON is parsed: the containers a parse creates
+    hold no cycles, and a collection per 700 of them makes parsing quadratic (a million nested
+    lists: 1.4 s, 0.35 s with the collector off)."""
+    with _pauses_lock:
+        if _pauses["count"] == 0:
+            _pauses["was_enabled"] = gc.isenabled()
+            gc.disable()
+        _pauses["count"] += 1
     try:
-        return json.loads(body.decode("utf-8"))
+        yield
+    finally:
+        with _pauses_lock:
+            _pauses["count"] -= 1
+            if _pauses["count"] == 0 and _pauses["was_enabled"]:
+                gc.enable()
+
+
+def _json_body(body: bytes):
+    """The JSON value of a request body (:class:`~gdacil.learner.guards.RequestGuard` has
+    checked that it was sent as ``application/json``). Parsing holds the interpreter, so a body
+    with more than :data:`MAX_JSON_SEPARATORS` commas, brackets and braces is refused unparsed."""
+    separators = body.count(b",") + body.count(b"[") + body.count(b"{")
+    if separators > MAX_JSON_SEPARATORS:
+        raise RequestError(413, f"the body holds {separators:,} commas, brackets and braces "
+                                f"(in its texts too); at most {MAX_JSON_SEPARATORS:,}")
+    try:
+        with _collector_paused():
+            return json.loads(body.decode("utf-8"))
     except UnicodeDecodeError:
-        raise RequestError(400, "bad request body: not UTF-8 text" + hint) from None
+        raise RequestError(400, "bad request body: not UTF-8 text") from None
     except RecursionError:
         raise RequestError(400, "bad request body: JSON nested too deeply") from None
     except ValueError as exc:
-        raise RequestError(400, f"bad request body: not JSON ({exc}){hint}") from None
+        raise RequestError(400, f"bad request body: not JSON ({exc})") from None
 
 
-def create_app(service: ModelService):
-    """A FastAPI application serving ``service`` (started and closed with the application).
+def create_app(service: ModelService, *, allowed_hosts=("localhost", "127.0.0.1"),
+               any_address: bool = False):
+    """A FastAPI application serving ``service`` (started and closed with the application),
+    answering the ``Host`` names ``allowed_hosts`` (and any IP address with ``any_address``),
+    behind the checks of :mod:`gdacil.learner.guards`.
 
     Handlers never block the event loop: bodies are parsed and images decoded in the thread
     pool, predictions wait on the scheduler's future, learns run in the thread pool. Every
@@ -607,6 +615,7 @@ def create_app(service: ModelService):
     from fastapi.concurrency import run_in_threadpool
     from fastapi.responses import JSONResponse as FastJSONResponse
     from starlette.exceptions import HTTPException
+    from starlette.requests import ClientDisconnect
 
     from .. import __version__
 
@@ -628,8 +637,10 @@ def create_app(service: ModelService):
         await run_in_threadpool(service.close)
 
     app = FastAPI(title="gdacil", version=__version__, lifespan=lifespan,
-                  description=__doc__.split("\n\n")[0], default_response_class=JSONResponse)
-    app.add_middleware(_BodyLimit, limit=service.max_body)
+                  description=__doc__.split("\n\n")[0], default_response_class=JSONResponse,
+                  redirect_slashes=False)
+    app.add_middleware(BodyLimit, limit=service.max_body)
+    app.add_middleware(RequestGuard, hosts=allowed_hosts, any_address=any_address)
 
     @app.exception_handler(RequestError)
     async def refused(request: Request, exc: RequestError):
@@ -641,6 +652,13 @@ def create_app(service: ModelService):
         return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
 
+    @app.exception_handler(ClientDisconnect)
+    async def disconnected(request: Request, exc: ClientDisconnect):
+        # the client's event, not the server's: nobody is left to read an answer
+        _log.debug("gdacil serve: the client of %s %s disconnected before its body arrived",
+                   request.method, request.url.path)
+        return JSONResponse({"error": "the client disconnected"}, status_code=400)
+
     @app.exception_handler(Exception)
     async def failed(request: Request, exc: Exception):
         _log.error("gdacil serve: %s %s failed", request.method, request.url.path,
@@ -650,7 +668,7 @@ def create_app(service: ModelService):
 
     async def body(request: Request):
         raw = await request.body()
-        return await run_in_threadpool(_json_body, raw, request.headers.get("content-type", ""))
+        return await run_in_threadpool(_json_body, raw)
 
     @app.get("/health")
     async def health():
@@ -680,13 +698,19 @@ def create_app(service: ModelService):
 
 
 def serve(directory, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
-          max_connections: int = 256, **options) -> None:
+          max_connections: int = 256, allowed_hosts=(), **options) -> None:
     """Serve the model in ``directory`` until interrupted, in this one process (``options``:
-    :class:`ModelService`'s). Connections beyond ``max_connections`` are answered 503."""
+    :class:`ModelService`'s). Connections beyond ``max_connections`` are answered 503. The
+    server answers the ``Host`` names of :func:`gdacil.learner.guards.allowed_hosts` for
+    ``host`` and ``allowed_hosts``."""
     uvicorn = require("uvicorn", feature="gdacil serve", install=INSTALL)
+    hosts = guards.allowed_hosts(host, allowed_hosts)
     service = ModelService(directory, **options)
     print(f"gdacil: serving {directory} (version {service.learner.version}, "
           f"{len(service.learner.classes)} classes) on http://{host}:{port}"
-          + ("; POST /learn allowed" if service.allow_learn else ""), flush=True)
-    uvicorn.run(create_app(service), host=host, port=port, log_level=log_level,
+          + ("; POST /learn allowed" if service.allow_learn else "")
+          + f"; answering Host {', '.join(hosts)}"
+          + (" and any IP address" if host in guards.WILDCARD_BINDS else ""), flush=True)
+    app = create_app(service, allowed_hosts=hosts, any_address=host in guards.WILDCARD_BINDS)
+    uvicorn.run(app, host=host, port=port, log_level=log_level,
                 limit_concurrency=max_connections, timeout_graceful_shutdown=10)
