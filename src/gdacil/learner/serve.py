@@ -10,7 +10,8 @@ Endpoints (JSON in and out; every error is ``{"error": "<what is wrong>"}`` with
 ``GET /health``    ``{"status": "ok", "version": "v3", "classes": 40}``
 ``GET /info``      what ``gdacil info --format json`` prints, plus the server's limits
 ``POST /predict``  ``{"inputs": [...], "top_k": 1}``: texts for a text model; base64-encoded image
-                   files (or ``data:`` URLs) for an image model. Answers ``{"version": "v3",
+                   files (or ``data:`` URLs) for an image model; lists of numbers for a vectors
+                   model. Answers ``{"version": "v3",
                    "predictions": [[{"class", "score", "probability"}, ...], ...]}``, one list per
                    input, best class first. Optional, on a calibrated model: ``"reject": true``
                    (and ``"reject_rate"``) adds ``"unknown"`` and ``"novelty"`` (one per input)
@@ -277,6 +278,8 @@ class ModelService:
             return
         if learner.modality == "text":
             sample = ["warm-up"]
+        elif learner.modality == "vector":
+            sample = [[0.0] * learner._dim()]  # type: ignore[list-item]
         else:
             Image = require("PIL.Image", feature="image inputs", install="pip install pillow")
             sample = [Image.new("RGB", (32, 32), (128, 128, 128))]
@@ -393,6 +396,8 @@ class ModelService:
         if len(inputs) > self.max_inputs:
             raise RequestError(400, f"{len(inputs)} inputs in one request; at most "
                                     f"{self.max_inputs}")
+        if self._learner.modality == "vector":
+            return _vectors(self._learner, inputs)
         for i, x in enumerate(inputs):
             if not isinstance(x, str):
                 raise RequestError(400, f"inputs[{i}] is a {type(x).__name__}, not a string")
@@ -659,6 +664,17 @@ class ModelService:
             answer = self._learn(inputs, [cast(str, i.label) for i in labelled])
             self._inbox().remove(labelled)
         return {**answer, "learned": [i.id for i in labelled]}
+
+
+def _vectors(learner, inputs: list) -> list:
+    """The vectors of a request (lists of numbers of the model's dimension), or a 400 naming
+    the first bad input."""
+    from .vectors import as_vectors
+
+    try:
+        return list(as_vectors(inputs, learner._dim()))
+    except ValueError as exc:
+        raise RequestError(400, str(exc)) from None
 
 
 #: The fields of a ``/predict`` body
