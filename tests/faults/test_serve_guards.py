@@ -538,3 +538,23 @@ def test_parsing_pauses_the_garbage_collector_and_restores_it():
         assert not gc.isenabled()  # a collector the process turned off stays off
     finally:
         gc.enable()
+
+
+def test_a_vectors_model_takes_bodies_as_long_as_its_inputs_need(tmp_path):
+    """The separator limit makes room for ``max_inputs`` vectors of the model's dimension."""
+    import numpy as np
+
+    from gdacil.learner.serve import MAX_JSON_SEPARATORS
+
+    learner = Learner("vectors")
+    rng = np.random.default_rng(0)
+    learner.learn(rng.normal(size=(24, 512)), ["a", "b"] * 12)
+    learner.save(tmp_path / "vectors")
+    service = ModelService(tmp_path / "vectors", poll=0, max_inputs=600)
+    assert service.max_separators == 600 * 514 + 1024
+    body = json.dumps({"inputs": rng.normal(size=(600, 512)).round(3).tolist()}).encode()
+    assert body.count(b",") > MAX_JSON_SEPARATORS
+    with running(service) as url:
+        status, answer = request(url, "POST", "/predict", body,
+                                 {"Content-Type": "application/json"})
+    assert status == 200 and len(answer["predictions"]) == 600, answer

@@ -325,12 +325,21 @@ class ModelService:
         finally:
             self._learn_lock.release()
 
+    @property
+    def max_separators(self) -> int:
+        """The most commas, brackets and braces a body may hold: :data:`MAX_JSON_SEPARATORS`,
+        or for a vectors model room for ``max_inputs`` vectors of its dimension."""
+        dim = getattr(self._learner.backbone, "dim", None) \
+            if self._learner.modality == "vector" else None
+        return max(MAX_JSON_SEPARATORS, self.max_inputs * ((dim or 0) + 2) + 1024)
+
     def info(self) -> dict:
         learner = self._learner
         return {**learner.info(),
                 "server": {"allow_learn": self.allow_learn, "max_batch": self.max_batch,
                            "max_inputs": self.max_inputs, "max_body": self.max_body,
                            "max_pixels": self.max_pixels, "max_pending": self.max_pending,
+                           "max_separators": self.max_separators,
                            "timeout": self.timeout, "batch_seconds": self.batch_seconds,
                            "max_text_chars": _max_chars(learner),
                            "token": self.access.token is not None,
@@ -764,14 +773,15 @@ def _collector_paused():
                 gc.enable()
 
 
-def _json_body(body: bytes):
+def _json_body(body: bytes, limit: int = MAX_JSON_SEPARATORS):
     """The JSON value of a request body (:class:`~gdacil.learner.guards.RequestGuard` has
     checked that it was sent as ``application/json``). Parsing holds the interpreter, so a body
-    with more than :data:`MAX_JSON_SEPARATORS` commas, brackets and braces is refused unparsed."""
+    with more than ``limit`` commas, brackets and braces
+    (:attr:`ModelService.max_separators`) is refused unparsed."""
     separators = body.count(b",") + body.count(b"[") + body.count(b"{")
-    if separators > MAX_JSON_SEPARATORS:
+    if separators > limit:
         raise RequestError(413, f"the body holds {separators:,} commas, brackets and braces "
-                                f"(in its texts too); at most {MAX_JSON_SEPARATORS:,}")
+                                f"(in its texts too); at most {limit:,}")
     try:
         with _collector_paused():
             return json.loads(body.decode("utf-8"))
@@ -857,9 +867,11 @@ def create_app(service: ModelService, *, allowed_hosts=("localhost", "127.0.0.1"
         return JSONResponse({"error": f"internal error ({_describe(exc)}); the server's log "
                                       "has the details"}, status_code=500)
 
+    async def body_of(raw: bytes):
+        return await run_in_threadpool(_json_body, raw, service.max_separators)
+
     async def body(request: Request):
-        raw = await request.body()
-        return await run_in_threadpool(_json_body, raw)
+        return await body_of(await request.body())
 
     @app.get("/health")
     async def health():
@@ -953,8 +965,9 @@ def _console_routes(app, service: ModelService, body, granted) -> None:
     async def inbox_discard(item: str, request: Request):
         granted(request, change=True)
         raw = await request.body()
-        return await run_in_threadpool(service.inbox_discard, item,
-                                       _json_body(raw) if raw.strip() else None)
+        payload = (await run_in_threadpool(_json_body, raw, service.max_separators)
+                   if raw.strip() else None)
+        return await run_in_threadpool(service.inbox_discard, item, payload)
 
 
 #: The console's files and their media types
