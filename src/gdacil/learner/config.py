@@ -235,7 +235,4 @@ class LearnerConfig(TypedConfig):
         options = dict(self.backbone_options)
         if device is not None:
             options["device"] = device
-        try:
-            return build_backbone(self.backbone, **options)
-        except TypeError as exc:  # an option of the wrong type (the names were checked)
-            raise ConfigError(f"backbone_options of {self.backbone!r}: {exc}") from None
+        return build_backbone(self.backbone, **options)

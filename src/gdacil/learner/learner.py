@@ -76,10 +76,10 @@ from ..cil.config import ConfigError
 from ..cil.model import IncrementalModel, TaskData, backbone_weights, task_seed
 from ..cil.progress import format_duration
 from ..data import extract_features
-from ..io import CorruptFileError
+from ..io import CorruptFileError, entries_of, read_json
 from ..novelty import NOVELTY_SCORES
 from ..registry import UnknownNameError
-from ..state import load_state, save_state
+from ..state import load_state, restore, save_state
 from ..stats import ClassGaussians, ClassStatistics
 from . import bundle
 from .config import LearnerConfig
@@ -320,7 +320,9 @@ class Learner:
         if not record:
             return
         if bb.dim != record["dim"] or bb.modality != record["modality"]:
-            raise ValueError(f"the backbone {self.config.backbone!r} gives {bb.dim}-d "
+            where = (f"{self._origin[0] / bundle.VERSIONS / self._origin[1] / 'learner.json'}: "
+                     if self._origin else "")
+            raise ValueError(f"{where}the backbone {self.config.backbone!r} gives {bb.dim}-d "
                              f"{bb.modality} features, but this model was built on "
                              f"{record['dim']}-d {record['modality']} features")
         if bb.weights_fingerprint() != record["weights_sha256"]:
@@ -980,10 +982,7 @@ class Learner:
         """
         opened = bundle.open_version(directory, version)
         meta_path = _required(opened, "learner.json")
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (ValueError, RecursionError) as exc:
-            raise CorruptFileError(meta_path, f"not valid JSON ({exc})", bundle.ADVICE) from None
+        meta = read_json(meta_path, bundle.ADVICE)
         found = meta.get("format") if isinstance(meta, dict) else None
         if found != LEARNER_FORMAT:
             raise CorruptFileError(meta_path, f"not a learner of format {LEARNER_FORMAT!r} "
@@ -994,11 +993,8 @@ class Learner:
             raise ValueError(f"{meta_path}: cannot rebuild the learner from its config: "
                              f"{exc}") from None
         learner = cls.from_config(config, device=device)
-        try:
+        with entries_of(meta_path, bundle.ADVICE):
             learner._restore_state(opened, meta)
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise CorruptFileError(meta_path, f"lacks or mistypes an entry ({exc!r})",
-                                   bundle.ADVICE) from None
         learner._origin = (Path(directory).expanduser().resolve(), opened.name)
         return learner
 
@@ -1036,11 +1032,14 @@ class Learner:
         record = meta["backbone"]
         if record is not None and not isinstance(record, dict):
             raise corrupt(f"backbone must be a mapping; got {record!r}")
+        if record and (count(record["dim"], "backbone.dim") < 1
+                       or not isinstance(record["modality"], str)):
+            raise corrupt(f"backbone.dim must be >= 1 and backbone.modality a name; got "
+                          f"{record['dim']!r} and {record['modality']!r}")
         self._record = _portable(record) if record else record  # no path of the machine
         self._history = list(meta.get("history", []))
         if opened.has("head.safetensors"):
-            self._head = self.config.build_head().load_state_dict(
-                *load_state(opened.file("head.safetensors")))
+            self._head = restore(self.config.build_head(), opened.file("head.safetensors"))
             if self._head.classes_.tolist() != self._order:
                 raise CorruptFileError(opened.file("head.safetensors"), "holds a head of other "
                                        "classes than learner.json lists", bundle.ADVICE)
@@ -1052,15 +1051,13 @@ class Learner:
         if opened.has("backbone.safetensors"):
             self._weights = load_state(opened.file("backbone.safetensors"))[0]
         if self._strategy is not None and opened.has("strategy.safetensors"):
-            self._strategy.load_state_dict(*load_state(opened.file("strategy.safetensors")))
+            restore(self._strategy, opened.file("strategy.safetensors"))
         if opened.has("anchors.json"):
-            try:
-                data = json.loads(opened.file("anchors.json").read_text(encoding="utf-8"))
-            except (ValueError, RecursionError) as exc:
-                raise CorruptFileError(opened.file("anchors.json"), f"not valid JSON ({exc})",
-                                       bundle.ADVICE) from None
-            self._reservoir = AnchorReservoir.from_json(
-                data, lambda rel: _required(opened, rel).read_bytes())
+            anchors = opened.file("anchors.json")
+            with entries_of(anchors, bundle.ADVICE):
+                self._reservoir = AnchorReservoir.from_json(
+                    read_json(anchors, bundle.ADVICE),
+                    lambda rel: _required(opened, rel).read_bytes())
 
 
 def _read_calibration(path: Path, order: list[int]) -> Calibration:
@@ -1069,7 +1066,7 @@ def _read_calibration(path: Path, order: list[int]) -> Calibration:
         return CorruptFileError(path, problem, bundle.ADVICE)
 
     try:
-        calibration = Calibration().load_state_dict(*load_state(path), source=str(path))
+        calibration = restore(Calibration(), path)
     except ValueError as exc:
         raise corrupt(f"not a calibration ({exc})") from None
     missing = [a for a in Calibration._state_attributes if a not in calibration.__dict__]
