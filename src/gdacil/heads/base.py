@@ -32,6 +32,7 @@ import torch
 from .._params import Params
 from .._presets import Presets
 from .._validation import (
+    all_finite,
     as_device,
     as_dtype,
     as_features,
@@ -107,8 +108,13 @@ def checked_parameters(owner, dtype: torch.dtype, device, weights: torch.Tensor,
         b = b64.to(dtype).contiguous()
         if bool(finite_flag(b)):
             return w, b
-    raise ValueError(
-        f"{name}: the head's parameters overflow {dtype} (its largest value is "
+    raise dtype_overflow(owner, dtype, "the head's parameters")
+
+
+def dtype_overflow(owner, dtype: torch.dtype, what: str) -> ValueError:
+    """The error for ``what`` (of ``owner``, a head) that does not fit the head's ``dtype``."""
+    return ValueError(
+        f"{type(owner).__name__}: {what} overflow {dtype} (its largest value is "
         f"{torch.finfo(dtype).max:.3g}); fit it with dtype='float64' or rescale the features")
 
 
@@ -256,6 +262,9 @@ class GaussianHead(Params, Presets, Stateful, ABC):
             raise ValueError(f"{type(self).__name__}.fit: the statistics hold no classes")
         self._check_params()
         self.dtype_, self.device_ = as_dtype(self.dtype), as_device(self.device)
+        if self.dtype_ != torch.float64 and not all_finite(stats.means.to(self.dtype_)):
+            raise dtype_overflow(self, self.dtype_, "the class means (inputs of their scale "
+                                 "cannot be scored in it)")
         self.classes_ = torch.tensor(stats.classes, dtype=torch.int64)
         self.n_features_in_ = stats.dim
         self._model_terms = model_terms
