@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from .._hardware import native_bfloat16
-from .._validation import as_device
+from .._validation import as_device, check_choice
 from ..hashing import sha256_json, sha256_tensors
 from .blocks import BlockLinears, find_blocks
 from .preprocess import ImagePreprocess
@@ -112,6 +112,17 @@ def resolve_precision(precision: str, device) -> str:
         return "bf16" if native_bfloat16(as_device(device)) else "fp32"
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; known: auto, {', '.join(PRECISIONS)}")
+    return precision
+
+
+def check_precision(precision, strategy: str) -> str:
+    """``precision`` if it is "auto" or one of :data:`PRECISIONS` and can run ``strategy`` (the
+    name of the Stage-1 strategy: fp16 has no loss scaling, so it cannot train); else a
+    ``ValueError`` saying why."""
+    check_choice(precision, "precision", ("auto", *PRECISIONS))
+    if precision == "fp16" and strategy != "frozen":
+        raise ValueError("fp16 cannot train the backbone (no loss scaling): use bf16 with "
+                         f"strategy {strategy!r}, or fp16 with frozen")
     return precision
 
 

@@ -19,6 +19,12 @@ random ViT with ``--quick``), a :class:`gdacil.Learner` learns ``classes`` class
   text or ``max_inputs`` texts at the backbone's length bound (text models), one image of
   ``megapixels`` (the server's limit) or ``max_inputs`` images (image models). Reported: the light clients' p50, p99 and
   slowest latency with and without the heavy client, and what the heavy client got through.
+* **fp32 and bf16.** The model as it is made by default (``precision: auto``: bf16 where the
+  machine computes bfloat16 natively, fp32 elsewhere) runs every part above; the same model made
+  at each other precision of ``precisions`` learns the same samples and runs the predict and
+  serve parts on the same inputs. Reported per precision: Learner.predict's time, every serve
+  scenario's throughput and p99, and the top-1 answers' agreement with fp32 and their accuracy
+  on the held-out inputs.
 
 Everything runs with ``--threads`` torch threads. Regenerate with
 ``python -m gdacil bench serve --out benchmarks --overwrite`` (writes ``serve.json`` and
@@ -74,6 +80,7 @@ class ServeBenchConfig:
     light: int = 15               # light clients beside the heavy one (16 clients in all)
     seconds: float = 20.0         # per heavy-client scenario
     megapixels: float = 40.0      # the heavy client's large image
+    precisions: tuple = ("fp32", "bf16")  # besides the default ("auto"), on the same inputs
 
 
 FULL = ServeBenchConfig(models={
@@ -125,11 +132,11 @@ def measure_predict(learner, raws: list, batch: int, repeats: int) -> dict:
     ready = bb.prepare(inputs, batch_size=batch).batches[0]
 
     def bare():
-        with torch.no_grad():
+        with torch.no_grad(), bb.autocast():  # the backbone's precision, as predict runs it
             return head.decision_function(bb.forward(ready))
 
     def preprocess_and_bare():
-        with torch.no_grad():
+        with torch.no_grad(), bb.autocast():
             prepared = bb.prepare(inputs, batch_size=batch).batches[0]
             return head.decision_function(bb.forward(prepared))
 
@@ -236,7 +243,7 @@ def measure_heavy(port: int, payload: list[str], heavy: dict[str, bytes],
 
 
 def measure_serve(directory: Path, payload: list[str], batch: int, cfg: ServeBenchConfig,
-                  log) -> tuple[list[dict], list[dict]]:
+                  log, heavy_clients: bool = True) -> tuple[list[dict], list[dict]]:
     import uvicorn
 
     from ..learner.serve import ModelService, create_app
@@ -276,10 +283,12 @@ def measure_serve(directory: Path, payload: list[str], batch: int, cfg: ServeBen
                 f"{row['inputs_per_s']:.1f} inputs/s, p50 {row['p50_ms']:.0f} ms, "
                 f"p99 {row['p99_ms']:.0f} ms")
             rows.append(row)
-        max_chars = service.info()["server"]["max_text_chars"]
-        heavy = _heavy_bodies(service.learner.modality, payload, max_chars, service.max_inputs,
-                              cfg.megapixels)
-        heavy_rows = measure_heavy(port, payload, heavy, cfg, log)
+        heavy_rows = []
+        if heavy_clients:
+            max_chars = service.info()["server"]["max_text_chars"]
+            heavy = _heavy_bodies(service.learner.modality, payload, max_chars,
+                                  service.max_inputs, cfg.megapixels)
+            heavy_rows = measure_heavy(port, payload, heavy, cfg, log)
     finally:
         server.should_exit = True
         thread.join(60)
@@ -287,8 +296,11 @@ def measure_serve(directory: Path, payload: list[str], batch: int, cfg: ServeBen
 
 
 def bench_model(name: str, spec: ServeModel, cfg: ServeBenchConfig, log) -> dict:
-    from ..learner import Learner
+    """The default model's figures (``precision: auto``), and those of the same model made at
+    each other precision of ``cfg.precisions`` on the same samples and inputs."""
+    from ..backbones.base import resolve_precision
 
+    default = resolve_precision("auto", None)
     with tempfile.TemporaryDirectory(prefix="gdacil-bench-serve-") as tmp:
         raws, labels, source = _raw_samples(spec, cfg, Path(tmp) / "images")
         seen: dict[str, int] = {}
@@ -297,22 +309,56 @@ def bench_model(name: str, spec: ServeModel, cfg: ServeBenchConfig, log) -> dict
         for k, y in enumerate(labels):  # every other sample of each class is learned
             seen[y] = seen.get(y, 0) + 1
             (learn if seen[y] % 2 else test).append(k)
-        learner = Learner(spec.backbone, backbone_options=spec.options, seed=cfg.seed)
-        start = time.perf_counter()
-        learner.learn([raws[k] for k in learn], [labels[k] for k in learn])
-        learn_s = time.perf_counter() - start
-        learner.save(Path(tmp) / "model")
+        learned = ([raws[k] for k in learn], [labels[k] for k in learn])
         queries = [raws[k] for k in test]
-        predict = measure_predict(learner, queries, spec.batch, cfg.repeats)
-        log(f"{name}: predict {predict['fraction']:.3f} of the bare model at batch "
-            f"{predict['batch']} ({predict['predict_s'] * 1e3:.0f} ms against "
-            f"{predict['bare_s'] * 1e3:.0f} ms; "
-            f"{predict['fraction_with_preprocessing']:.3f} with its preprocessing)")
-        serve, heavy = measure_serve(Path(tmp) / "model", _payload(queries, spec.modality),
-                                     spec.batch, cfg, log)
-    return {"about": spec.about, "source": source, "classes": len(learner.classes),
-            "learned": len(learn), "learn_s": learn_s, "predict": predict, "serve": serve,
-            "heavy": heavy}
+        first, heavy_rows = _bench_precision(name, spec, cfg, "auto", learned, queries,
+                                             Path(tmp) / "auto", log)
+        runs = {default: first}
+        for precision in cfg.precisions:
+            if precision not in runs:
+                runs[precision] = _bench_precision(name, spec, cfg, precision, learned, queries,
+                                                   Path(tmp) / precision, log, heavy=False)[0]
+    truth = [labels[k] for k in test]
+    reference = runs.get("fp32", runs[default])["answers"]
+    for precision, found in runs.items():
+        answers = found.pop("answers")
+        found["top1_agreement_with_fp32"] = float(np.mean([a == b for a, b in
+                                                           zip(answers, reference)]))
+        found["accuracy"] = float(np.mean([a == b for a, b in zip(answers, truth)]))
+        log(f"{name} {precision}: top-1 agreement with fp32 "
+            f"{found['top1_agreement_with_fp32']:.4f}, accuracy {found['accuracy']:.4f} on "
+            f"{len(truth)} held-out inputs")
+    main, classes = runs[default], len(set(learned[1]))
+    return {"about": spec.about, "source": source, "classes": classes, "learned": len(learn),
+            "default_precision": default, "learn_s": main["learn_s"],
+            "predict": main["predict"], "serve": main["serve"], "heavy": heavy_rows,
+            "precisions": runs}
+
+
+def _bench_precision(name: str, spec: ServeModel, cfg: ServeBenchConfig, precision: str,
+                     learned: tuple[list, list], queries: list, directory: Path, log, *,
+                     heavy: bool = True) -> tuple[dict, list[dict]]:
+    """One model made at ``precision``: learn, predict against the bare model, serve, its
+    top-1 answers to ``queries``; and the heavy clients' rows (with ``heavy``)."""
+    from ..learner import Learner
+
+    learner = Learner(spec.backbone, backbone_options=spec.options, seed=cfg.seed,
+                      precision=precision)
+    start = time.perf_counter()
+    learner.learn(*learned)
+    learn_s = time.perf_counter() - start
+    learner.save(directory)
+    answers = [p.classes[0] for p in learner.predict(queries, probabilities=False)]
+    runs = learner.precision
+    predict = measure_predict(learner, queries, spec.batch, cfg.repeats)
+    log(f"{name} ({precision}: {runs}): predict {predict['fraction']:.3f} of the bare model at "
+        f"batch {predict['batch']} ({predict['predict_s'] * 1e3:.0f} ms against "
+        f"{predict['bare_s'] * 1e3:.0f} ms; {predict['fraction_with_preprocessing']:.3f} "
+        "with its preprocessing)")
+    serve, heavy_rows = measure_serve(directory, _payload(queries, spec.modality), spec.batch,
+                                      cfg, log, heavy_clients=heavy)
+    return {"precision": precision, "runs": runs, "learn_s": learn_s, "predict": predict,
+            "serve": serve, "answers": answers}, heavy_rows
 
 
 def run(cfg: ServeBenchConfig, log=print) -> dict:
@@ -347,19 +393,49 @@ def render(payload: dict) -> str:
           f"{r['heavy_p50_ms']:.0f}" if r["heavy_p50_ms"] is not None else "-",
           ", ".join(map(str, r["heavy_errors"])) or ("0" if r["heavy"] != "none" else "-")]
          for name, m in models.items() for r in m.get("heavy", [])])
+    precisions = markdown_table(
+        ["model", "precision", "default here", "learn (s)", "Learner.predict (ms)",
+         "top-1 agreement with fp32", "accuracy"],
+        [[name, p, "yes" if p == m["default_precision"] else "", f"{r['learn_s']:.1f}",
+          f"{r['predict']['predict_s'] * 1e3:.1f}", f"{r['top1_agreement_with_fp32']:.4f}",
+          f"{r['accuracy']:.4f}"]
+         for name, m in models.items() for p, r in m.get("precisions", {}).items()])
+    precision_serve = markdown_table(
+        ["model", "scenario", *(f"{p} {what}" for p in _precisions(models)
+                                for what in ("inputs/s", "p99 ms"))],
+        [[name, row["scenario"], *(value for p in _precisions(models) for value in (
+            f"{m['precisions'][p]['serve'][k]['inputs_per_s']:.1f}",
+            f"{m['precisions'][p]['serve'][k]['p99_ms']:.0f}"))]
+         for name, m in models.items() if "precisions" in m
+         for k, row in enumerate(m["serve"])])
     machine = payload["machine"]
     intro, bullets = __doc__.split("\n\n")[1:3]
     return "\n".join([
         "# The continual classifier's throughput: predict and `gdacil serve`", "",
         " ".join(intro.split()), "",
         *("* " + " ".join(b.removeprefix("* ").split()) for b in bullets.split("\n* ")), "",
-        f"Machine: {machine['processor']}, {machine['cpu_count']} cores, {cfg['threads']} "
+        f"Machine: {machine.get('cpu_model') or machine['processor']}"
+        + (" (native bfloat16)" if machine.get("native_bfloat16") else "")
+        + f", {machine['cpu_count']} cores, {cfg['threads']} "
         f"torch thread(s), torch {machine['torch']}; "
         f"{cfg['classes']} classes; {cfg['requests']} requests per client and scenario.", "",
+        f"Default precision here (``auto``): {_default_precision(models)}.", "",
         "## predict against the bare model", "", predict, "",
         "## gdacil serve", "", serve, "",
         f"## A heavy client beside {cfg['light']} light ones ({cfg['seconds']:g} s each)", "",
-        heavy, ""])
+        heavy, "",
+        "## fp32 and bf16 on the same inputs", "", precisions, "", precision_serve, ""])
+
+
+def _precisions(models: dict) -> list[str]:
+    """The precisions every model ran, in the order of the first."""
+    first = next((m["precisions"] for m in models.values() if "precisions" in m), {})
+    return list(first)
+
+
+def _default_precision(models: dict) -> str:
+    found = {m.get("default_precision", "fp32") for m in models.values()}
+    return ", ".join(sorted(found))
 
 
 def main(argv=None) -> int:

@@ -28,9 +28,8 @@ widen by an a-priori bound of the rounding error, so the pruned result stays exa
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
-
 import math
+from typing import Any, ClassVar
 
 import torch
 

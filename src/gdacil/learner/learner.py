@@ -64,6 +64,7 @@ import torch
 
 from .. import __version__
 from .._validation import check_fraction
+from ..backbones.base import check_precision, resolve_precision
 from ..calibration import (
     CALIBRATION_SHARE,
     MIN_RECORDS,
@@ -230,16 +231,22 @@ class Learner:
         self._setup(LearnerConfig(**settings))
 
     @classmethod
-    def from_config(cls, config: LearnerConfig | dict, *, device=None) -> Learner:
+    def from_config(cls, config: LearnerConfig | dict, *, device=None,
+                    precision: str | None = None) -> Learner:
+        """A learner of ``config``; ``precision`` overrides ``config.precision`` in this process
+        only (it is not saved: what ``gdacil predict --precision`` does)."""
         learner = cls.__new__(cls)
         if not isinstance(config, LearnerConfig):
             config = LearnerConfig.from_dict(config)
         learner._setup(config, device)
+        if precision is not None:
+            learner._precision = check_precision(precision, config.strategy.name)
         return learner
 
     def _setup(self, config: LearnerConfig, device=None) -> None:
         self.config = config
         self.device = device
+        self._precision: str | None = None  # this process's override of config.precision
         self._backbone = None
         self._weights: dict[str, torch.Tensor] | None = None  # to load when the backbone is built
         self._record: dict | None = None  # what the backbone was when the model last learned
@@ -303,7 +310,7 @@ class Learner:
     def backbone(self):
         """The backbone (built, with any stored weights, on first use)."""
         if self._backbone is None:
-            bb = self.config.build_backbone(self.device)
+            bb = self.config.build_backbone(self.device, self._precision)
             if self._weights is not None:
                 try:
                     bb.model.load_state_dict(self._weights)
@@ -330,6 +337,15 @@ class Learner:
                           "those this model learned with (a different installed version?); "
                           "its features, and so its predictions, may differ", UserWarning,
                           stacklevel=3)
+
+    @property
+    def precision(self) -> str:
+        """The precision the backbone's forward passes run in here: the model's
+        ``config.precision`` (or this process's override), "auto" resolved for its device."""
+        if self._backbone is not None:
+            return self._backbone.precision
+        device = self.device or self.config.backbone_options.get("device")
+        return resolve_precision(self._precision or self.config.precision, device)
 
     @property
     def modality(self) -> str:
@@ -852,6 +868,7 @@ class Learner:
             "strategy": cfg.strategy.to_dict(),
             "compensator": cfg.compensator.to_dict() if self._strategy is not None else None,
             "statistics": cfg.statistics.storage,
+            "precision": {"model": cfg.precision, "runs": self.precision},
             "learns": self._steps,
             "samples": sum(counts.values()),
             "anchors": {"kept": len(self._reservoir), "size": self._reservoir.size},
@@ -970,7 +987,7 @@ class Learner:
 
     @classmethod
     def load(cls, directory: str | os.PathLike, version: str | int | None = None, *,
-             device=None) -> Learner:
+             device=None, precision: str | None = None) -> Learner:
         """The model saved in ``directory``: its current version (``CURRENT``, read once), or
         ``version``. Every file is verified against the manifest's sha256 first; nothing is
         unpickled or executed (JSON and safetensors only). The class statistics are read when
@@ -979,6 +996,7 @@ class Learner:
         Raises ``FileNotFoundError`` when there is no model there,
         :class:`~gdacil.io.CorruptFileError` naming any file that is missing, altered or
         invalid, and :class:`~gdacil.learner.bundle.BundleError` for an unknown version.
+        ``precision`` overrides the model's ``precision`` in this process (not saved).
         """
         opened = bundle.open_version(directory, version)
         meta_path = _required(opened, "learner.json")
@@ -987,12 +1005,12 @@ class Learner:
         if found != LEARNER_FORMAT:
             raise CorruptFileError(meta_path, f"not a learner of format {LEARNER_FORMAT!r} "
                                               f"(found {found!r})", bundle.ADVICE)
-        try:
-            config = LearnerConfig.from_dict(meta["config"])
-        except (ConfigError, KeyError) as exc:
+        try:  # a model saved before models kept their precision ran fp32
+            config = LearnerConfig.from_dict({"precision": "fp32", **meta["config"]})
+        except (ConfigError, KeyError, TypeError) as exc:
             raise ValueError(f"{meta_path}: cannot rebuild the learner from its config: "
                              f"{exc}") from None
-        learner = cls.from_config(config, device=device)
+        learner = cls.from_config(config, device=device, precision=precision)
         with entries_of(meta_path, bundle.ADVICE):
             learner._restore_state(opened, meta)
         learner._origin = (Path(directory).expanduser().resolve(), opened.name)

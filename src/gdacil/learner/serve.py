@@ -130,6 +130,9 @@ class ModelService:
         Seconds between checks for a version written by another process; 0 never checks.
     device : optional
         Device of the backbone (default: the backbone's own).
+    precision : str, optional
+        Precision of the backbone's forward passes, overriding the model's ``precision`` while
+        it is served (versions learned over ``/learn`` keep the model's).
 
     Examples
     --------
@@ -151,7 +154,8 @@ class ModelService:
     def __init__(self, directory, *, allow_learn: bool = False, max_batch: int = 64,
                  max_inputs: int = 256, max_body: int = 32 << 20, max_pixels: int = 40_000_000,
                  max_pending: int = 1024, timeout: float = 60.0, batch_seconds: float = 0.3,
-                 max_decoding: int = 4, poll: float = 1.0, device=None):
+                 max_decoding: int = 4, poll: float = 1.0, device=None,
+                 precision: str | None = None):
         for name, value in (("max_batch", max_batch), ("max_inputs", max_inputs),
                             ("max_body", max_body), ("max_pixels", max_pixels),
                             ("max_pending", max_pending), ("max_decoding", max_decoding)):
@@ -171,7 +175,7 @@ class ModelService:
         self.max_batch, self.max_inputs = max_batch, max_inputs
         self.max_body, self.max_pixels = max_body, max_pixels
         self.max_pending, self.timeout, self.batch_seconds = max_pending, timeout, batch_seconds
-        self.poll, self.device = poll, device
+        self.poll, self.device, self.precision = poll, device, precision
         self._decoding = threading.BoundedSemaphore(max_decoding)
         self._learn_lock = threading.Lock()
         self._problem: str | None = None  # why the current version is not the one served
@@ -216,7 +220,8 @@ class ModelService:
     def _load(self, version=None):
         from .learner import Learner
 
-        learner = Learner.load(self.directory, version, device=self.device)
+        learner = Learner.load(self.directory, version, device=self.device,
+                               precision=self.precision)
         self._warm_up(learner)
         return learner
 
