@@ -218,3 +218,29 @@ def test_bf16_text_answers_across_batchings_agree_within_bf16_rounding(tmp_path,
         got = np.array([[e["probability"] for e in a] for a in other])
         want = np.array([[e["probability"] for e in r] for r in python])
         np.testing.assert_allclose(got, want, atol=1e-2)
+
+
+def test_kept_casts_give_the_same_features_and_last_until_released():
+    # what gdacil serve's prediction worker does: bf16 weight casts kept between forwards
+    # (the same bits as fresh ones); kept means a weight changed in place is not seen, which
+    # is why only a thread that never trains keeps them
+    from gdacil.backbones.base import KeptCasts
+
+    backbone = tiny_learner(precision="bf16").backbone
+    images = queries()
+    fresh = backbone.extract(images)
+    kept = KeptCasts()
+    kept.keep(backbone)
+    assert torch.equal(backbone.extract(images), fresh)
+    assert not torch.is_autocast_enabled("cpu")  # nothing else runs in bf16
+    weight = next(m.weight for m in backbone.model.modules() if isinstance(m, torch.nn.Linear))
+    with torch.no_grad():
+        weight.mul_(-1.0)
+    assert torch.equal(backbone.extract(images), fresh)  # the cast was kept
+    kept.release()
+    assert not torch.equal(backbone.extract(images), fresh)  # cast again: the new weight
+    with torch.no_grad():
+        weight.mul_(-1.0)
+    assert torch.equal(backbone.extract(images), fresh)
+    kept.keep(backbone.set_precision("fp32"))  # nothing to keep in fp32
+    assert kept._held is None

@@ -177,6 +177,9 @@ class ModelService:
         self.max_pending, self.timeout, self.batch_seconds = max_pending, timeout, batch_seconds
         self.poll, self.device, self.precision = poll, device, precision
         self._decoding = threading.BoundedSemaphore(max_decoding)
+        from ..backbones.base import KeptCasts
+
+        self._casts = KeptCasts()  # the prediction worker's
         self._learn_lock = threading.Lock()
         self._problem: str | None = None  # why the current version is not the one served
         self._failed: tuple[str, float] | None = None  # a version that failed to load, when
@@ -390,6 +393,7 @@ class ModelService:
         :attr:`PredictRequest.options`). Texts are scored in groups of similar length (within a
         factor 2), so a short text is not padded to a long one's length and a forward costs
         what the scheduler estimated (the sum of its inputs' costs)."""
+        self._casts.keep(learner.backbone)  # this worker only predicts: keep bf16 casts
         predictions: list = [None] * len(items)
         for group in _similar_costs(self._costs(learner, items)):
             for i, p in zip(group, learner.predict([items[i] for i in group], top_k=top_k,
