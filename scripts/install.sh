@@ -8,8 +8,10 @@ if [ "${GDACIL_SKIP_APT:-0}" != "1" ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   # real data that ships as Debian packages: WordNet glosses, Fashion-MNIST, openclipart images;
-  # curl, which the test of the README's serving example runs
-  apt-get install -y -qq wordnet-base dataset-fashion-mnist openclipart-png curl >/dev/null
+  # curl, which the test of the README's serving example runs; headless Chromium and its
+  # driver, for the tests that attack and drive the server from a real browser
+  apt-get install -y -qq wordnet-base dataset-fashion-mnist openclipart-png curl \
+    chromium chromium-driver >/dev/null
 fi
 
 # the CPU build of torch first, so that nothing below pulls a CUDA build

@@ -55,3 +55,8 @@ def random_images(n: int, seed: int = 0, size=(40, 48)):
 
     rng = np.random.default_rng(seed)
     return [rng.integers(0, 256, (*size, 3), dtype=np.uint8) for _ in range(n)]
+needs_chromium = _need(
+    Path("/usr/bin/chromium").exists() and Path("/usr/bin/chromedriver").exists()
+    and importlib.util.find_spec("selenium") is not None,
+    "headless Chromium (apt-get install -y chromium chromium-driver; pip install selenium)",
+)

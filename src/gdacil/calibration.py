@@ -101,6 +101,37 @@ CALIBRATION_SHARE = 0.1
 MIN_RECORDS = 100
 
 
+def records_for_rate(rate: float) -> int | None:
+    """The fewest records ``n`` for which :func:`lower_quantile` gives a finite threshold at
+    ``rate`` (``floor(rate (n + 1)) >= 1``), in closed form; None when it is beyond any count
+    (``1 / rate`` overflows a float)."""
+    check_fraction(rate, "rate")
+    inverse = 1.0 / rate
+    if math.isinf(inverse):
+        return None
+    count = max(math.ceil(inverse), 1)  # n + 1
+    # 1 / rate is rounded: look at the neighbouring counts (a bounded search; beyond 2**53 a
+    # neighbour is the next float, not the next integer)
+    for _ in range(4):
+        if math.floor(rate * count) < 1:
+            count = max(count + 1, math.ceil(math.nextafter(float(count), math.inf)))
+        elif count > 1 and math.floor(rate * (count - 1)) >= 1:
+            count -= 1
+        else:
+            break
+    return count - 1
+
+
+def least_rate(n: int, decimals: int = 3) -> float:
+    """The smallest rate with ``decimals`` decimals at which ``n`` records give a finite
+    threshold (``floor(rate (n + 1)) >= 1``), in closed form."""
+    step = 10.0 ** -decimals
+    units = max(math.ceil(1 / ((n + 1) * step)), 1)
+    if math.floor(units * step * (n + 1)) < 1:  # round-off in the division
+        units += 1
+    return round(units * step, decimals)
+
+
 def lower_quantile(values: torch.Tensor, rate: float) -> float:
     """The ``floor(rate (n + 1))``-th smallest of ``values`` (``-inf`` when that is 0): a
     threshold below which a new exchangeable value falls with probability at most ``rate``."""

@@ -42,11 +42,13 @@ def png_base64(pixels: np.ndarray) -> str:
 
 
 @contextmanager
-def running(service: ModelService):
-    """``service`` behind uvicorn on a free local port; yields the base URL."""
+def running(service: ModelService, wrap=None):
+    """``service`` behind uvicorn on a free local port (its application passed through
+    ``wrap``, an ASGI middleware, when given); yields the base URL."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=0,
+    app = create_app(service) if wrap is None else wrap(create_app(service))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0,
                                            log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -80,6 +82,15 @@ def colour_model(tmp_path):
     learner.learn(*colour_set(COLOURS, 8))
     learner.save(tmp_path / "model")
     return tmp_path / "model"
+
+
+def calibrated_colour_model(path):
+    """A tiny image model of three colours with 60 calibration records, so that its rejection
+    works (yellow and purple are unknown to it), saved as ``path`` (version v1)."""
+    learner = tiny_learner()
+    learner.learn(*colour_set(COLOURS, 20))
+    learner.save(path)
+    return path
 
 
 @pytest.fixture

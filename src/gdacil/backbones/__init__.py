@@ -18,6 +18,7 @@ name                     what
 ``efficientnet-lite0``   EfficientNet-Lite0 from PyPI packages (offline)
 ``timm``                 any ``timm`` model (optional dependency)
 ``random-projection``    RanPAC-style ReLU random projection of another backbone
+``vectors``              the identity of vectors of a fixed dimension (embeddings made elsewhere)
 =======================  =====================================================================
 
 >>> from gdacil.backbones import build_backbone
@@ -36,12 +37,14 @@ from ..registry import Registry
 from .base import FINAL_NORMS, Backbone, normalize_features
 from .blocks import BlockLinears, find_blocks
 from .efficientnet import EfficientNetLite0Backbone
+from .encoder import EncoderBackbone, directory_identity, sentence_transformers_encoder
 from .hf_text import POOLINGS, HFTextBackbone
 from .hf_vision import HF_VISION_FAMILIES, HFVisionBackbone
 from .minilm import minilm
 from .preprocess import NORMALIZATIONS, ImagePreprocess, to_rgb
 from .projection import RandomProjection
 from .timm_adapter import TimmBackbone
+from .vectors import VectorBackbone
 
 __all__ = [
     "BACKBONES",
@@ -52,16 +55,20 @@ __all__ = [
     "Backbone",
     "BlockLinears",
     "EfficientNetLite0Backbone",
+    "EncoderBackbone",
     "HFTextBackbone",
     "HFVisionBackbone",
     "ImagePreprocess",
     "RandomProjection",
     "TimmBackbone",
+    "VectorBackbone",
     "backbone_options",
     "build_backbone",
     "check_backbone_options",
+    "directory_identity",
     "find_blocks",
     "normalize_features",
+    "sentence_transformers_encoder",
     "to_rgb",
 ]
 
@@ -78,6 +85,7 @@ BACKBONES.register("bert", HFTextBackbone)
 BACKBONES.register("minilm", minilm)
 BACKBONES.register("efficientnet-lite0", EfficientNetLite0Backbone)
 BACKBONES.register("timm", TimmBackbone)
+BACKBONES.register("vectors", VectorBackbone)
 
 
 @BACKBONES.register("random-projection")

@@ -22,6 +22,7 @@ BENCHMARKS = {
     "serve": "gdacil.bench.serve",
     "sharded": "gdacil.bench.sharded",
     "openset": "gdacil.bench.openset",
+    "vectors": "gdacil.bench.vectors",
 }
 
 

@@ -17,7 +17,10 @@ random ViT with ``--quick``), a :class:`gdacil.Learner` learns ``classes`` class
 * **a heavy client.** ``light`` clients send one-input requests in a loop for ``seconds``,
   alone and then beside one heavy client that sends maximal requests the whole time: one 10 MiB
   text or ``max_inputs`` texts at the backbone's length bound (text models), one image of
-  ``megapixels`` (the server's limit) or ``max_inputs`` images (image models). Reported: the light clients' p50, p99 and
+  ``megapixels`` (the server's limit) or ``max_inputs`` images (image models); then hostile
+  bodies, refused with 400, that once cost without bound: ``reject_rate`` at the floor
+  (``MIN_REJECT_RATE``) and at 1e-300, and a body of nested lists at the separator limit
+  (``MAX_JSON_SEPARATORS``: parsed, then refused). Reported: the light clients' p50, p99 and
   slowest latency with and without the heavy client, and what the heavy client got through.
 * **fp32 and bf16.** The model as it is made by default (``precision: auto``: bf16 where the
   machine computes bfloat16 natively, fp32 elsewhere) runs every part above; the same model made
@@ -163,10 +166,28 @@ def measure_predict(learners: dict, raws: list, batch: int, repeats: int) -> dic
     return out
 
 
+def _hostile_bodies(payload: list[str]) -> dict[str, bytes]:
+    """Bodies a hostile client may choose, by name: the smallest ``reject_rate`` a request may
+    ask and one far below it (refused in closed form; 1e-300 once pinned a thread for ever),
+    and the most nested lists a body may hold (parsed, then refused)."""
+    from ..learner.serve import MAX_JSON_SEPARATORS, MIN_REJECT_RATE
+
+    nested = b'{"inputs": [' + b",".join([b"[[1],[2]]"] * (MAX_JSON_SEPARATORS // 5)) + b"]}"
+    return {f"reject_rate {rate:g}": json.dumps(
+                {"inputs": payload[:1], "reject": True, "reject_rate": rate}).encode()
+            for rate in (MIN_REJECT_RATE, 1e-300)} | {"2**18 separators of nested lists": nested}
+
+
 def _heavy_bodies(modality: str, payload: list[str], max_chars: int | None, max_inputs: int,
                   megapixels: float) -> dict[str, bytes]:
-    """The heavy client's request bodies, by name: one maximal input, and ``max_inputs``
-    maximal inputs (texts at the length bound; images)."""
+    """The heavy client's request bodies, by name: one maximal input, ``max_inputs`` maximal
+    inputs (texts at the length bound; images), and :func:`_hostile_bodies`."""
+    return _maximal_bodies(modality, payload, max_chars, max_inputs, megapixels) \
+        | _hostile_bodies(payload)
+
+
+def _maximal_bodies(modality: str, payload: list[str], max_chars: int | None, max_inputs: int,
+                    megapixels: float) -> dict[str, bytes]:
     if modality == "text":
         bound = max_chars or 25_600
         unit = "the customer asked about a refund for the last invoice "

@@ -13,7 +13,11 @@ samples, predict, forget, and keep every saved version.
 - :mod:`gdacil.learner.bundle`: the versioned model directory (:func:`versions`,
   :func:`rollback`);
 - :mod:`gdacil.learner.data`: what ``learn`` reads;
-- :mod:`gdacil.learner.serve`: ``gdacil serve``, the model behind an HTTP JSON API;
+- :mod:`gdacil.learner.serve`: ``gdacil serve``, the model behind an HTTP JSON API, with
+  :mod:`gdacil.learner.guards` (what a browser page may send), :mod:`gdacil.learner.access`
+  (who may change the model: a bearer token), :mod:`gdacil.learner.inbox` (the inputs answered
+  unknown, kept for a person to label), :mod:`gdacil.learner.metrics` (``/metrics``) and the
+  console page at ``/`` (``gdacil/learner/console/``);
 - :mod:`gdacil.learner.cli`: ``gdacil learn / predict / calibrate / info / forget / versions /
   rollback / serve``.
 

@@ -16,6 +16,8 @@ import math
 import sys
 from pathlib import Path
 
+from .. import distributed
+
 __all__ = ["learner_commands"]
 
 MODEL_HELP = "the model directory (created by the first learn)"
@@ -24,18 +26,26 @@ MODEL_HELP = "the model directory (created by the first learn)"
 def learner_commands(sub) -> None:
     """Add the learner's subcommands to ``sub`` (the ``gdacil`` parser's subparsers)."""
     learn = sub.add_parser(
-        "learn", help="add classes to a model (created if new) from images or texts",
+        "learn", help="add classes to a model (created if new) from images, texts or vectors",
         description="Learn the classes of PATH and save the result as a new version of MODEL "
                     "(created when it does not exist). PATH is a folder with one sub-folder of "
-                    "images per class, or a CSV/TSV or JSONL file of texts with a label column. "
-                    "Classes the model holds are updated, new ones added. The options that "
-                    "choose parts (--backbone, --head, --strategy, ...) apply when the model is "
-                    "created.")
+                    "images per class, a CSV/TSV or JSONL file of texts with a label column, "
+                    "or, for a vectors model (--backbone vectors; the default for .parquet and "
+                    ".npz files), a Parquet, .npz, CSV or JSONL file of vectors and labels. "
+                    "--statistics FILE learns class statistics computed elsewhere (gdacil "
+                    "export-statistics, ClassGaussians.save) instead. Classes the model holds "
+                    "are updated, new ones added. The options that choose parts (--backbone, "
+                    "--head, --strategy, ...) apply when the model is created. Under torchrun, "
+                    "each process extracts (reads) its share of the samples and rank 0 saves "
+                    "one version.")
     learn.add_argument("model", metavar="MODEL", help=MODEL_HELP)
-    learn.add_argument("--data", required=True, metavar="PATH", type=nonempty,
-                       help="what to learn from")
+    source = learn.add_mutually_exclusive_group(required=True)
+    source.add_argument("--data", metavar="PATH", type=nonempty, help="what to learn from")
+    source.add_argument("--statistics", metavar="FILE", type=nonempty,
+                        help="class statistics to learn (a safetensors file of ClassGaussians)")
     learn.add_argument("--backbone", help="backbone name (gdacil list backbones); default: "
-                                          "efficientnet-lite0 for images, minilm for texts")
+                                          "efficientnet-lite0 for images, minilm for texts, "
+                                          "vectors for .parquet/.npz files")
     learn.add_argument("--backbone-option", action="append", default=[], metavar="KEY=VALUE",
                        help="a backbone option (value as JSON, else text), e.g. size=160")
     learn.add_argument("--head", help="head name (gdacil list heads); default: lr_rgda")
@@ -48,7 +58,9 @@ def learner_commands(sub) -> None:
     learn.add_argument("--text-column", default="text", metavar="C",
                        help="the text column of a CSV/JSONL file (default: text)")
     learn.add_argument("--label-column", default="label", metavar="L",
-                       help="the label column of a CSV/JSONL file (default: label)")
+                       help="the label column of a CSV/JSONL/Parquet file (default: label)")
+    learn.add_argument("--vector-column", default="vector", metavar="V",
+                       help="the vector column of a vectors file (default: vector)")
     learn.add_argument("--max-per-class", type=positive_int, metavar="N",
                        help="learn at most N samples per class (drawn with the model's seed)")
     learn.add_argument("--seed", type=nonnegative_int, help="seed of a new model (default: 0)")
@@ -66,7 +78,13 @@ def learner_commands(sub) -> None:
                     "classes. Both need a calibrated model (see docs/learner.md, \"Saying I "
                     "don't know\").")
     predict.add_argument("model", metavar="MODEL", help="the model directory")
-    predict.add_argument("inputs", nargs="+", metavar="INPUT")
+    predict.add_argument("inputs", nargs="*", metavar="INPUT",
+                         help="image files or folders, texts, or vectors as JSON lists")
+    predict.add_argument("--data", metavar="PATH", type=nonempty,
+                         help="a vectors model: a Parquet, .npz, CSV or JSONL file of vectors "
+                              "to classify (labels not needed)")
+    predict.add_argument("--vector-column", default="vector", metavar="V",
+                         help="the vector column of --data (default: vector)")
     predict.add_argument("--top-k", type=positive_int, default=1, metavar="K",
                          help="classes per input (default: 1)")
     predict.add_argument("--format", choices=("json", "csv"), default="json")
@@ -98,8 +116,21 @@ def learner_commands(sub) -> None:
     calibrate.add_argument("--text-column", default="text", metavar="C",
                            help="the text column of a CSV/JSONL file (default: text)")
     calibrate.add_argument("--label-column", default="label", metavar="L",
-                           help="the label column of a CSV/JSONL file (default: label)")
+                           help="the label column of a CSV/JSONL/Parquet file (default: label)")
+    calibrate.add_argument("--vector-column", default="vector", metavar="V",
+                           help="the vector column of a vectors file (default: vector)")
     calibrate.set_defaults(func=_calibrate)
+
+    export = sub.add_parser(
+        "export-statistics", help="write a model's class statistics for another site",
+        description="Write the class statistics of MODEL (counts, means and scatters in "
+                    "float64, with the class names and the backbone's record) to FILE, a "
+                    "safetensors file that gdacil learn OTHER --statistics FILE learns exactly "
+                    "as if OTHER had learned the samples.")
+    export.add_argument("model", metavar="MODEL", help="the model directory")
+    export.add_argument("file", metavar="FILE", type=nonempty, help="the file to write")
+    export.add_argument("--version", help="a saved version instead of the current one")
+    export.set_defaults(func=_export_statistics)
 
     info = sub.add_parser("info", help="what a model is and which classes it holds",
                           description="Describe MODEL: its parts, classes and version.")
@@ -140,16 +171,42 @@ def learner_commands(sub) -> None:
                     "--allow-learn POST /learn "
                     "{\"inputs\": [...], \"labels\": [...]}, which saves a new version and swaps "
                     "it in while predictions keep flowing. Versions written by other commands "
-                    "(gdacil learn, rollback) are picked up within --poll seconds. See "
-                    "docs/learner.md.")
+                    "(gdacil learn, rollback) are picked up within --poll seconds. GET / is a "
+                    "console over the same endpoints (GET /versions, POST /rollback, and with "
+                    "--inbox GET /inbox, POST /inbox/ID/label, /inbox/ID/discard, "
+                    "/inbox/learn); GET /metrics is in the Prometheus text format. With "
+                    "--token-file (or GDACIL_TOKEN) every change needs Authorization: Bearer "
+                    "TOKEN. See docs/learner.md.")
     serve.add_argument("model", metavar="MODEL", help="the model directory")
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default: 127.0.0.1, this machine only)")
     serve.add_argument("--port", type=port, default=8000,
                        help="port, 0 to 65535 (default: 8000; 0: any free port)")
     serve.add_argument("--allow-learn", action="store_true",
-                       help="accept POST /learn (anyone who can reach the server can then "
-                            "change the model)")
+                       help="accept POST /learn, /rollback and the inbox's labels without a "
+                            "token (anyone who can reach the server can then change the model; "
+                            "browser pages of other origins never can)")
+    serve.add_argument("--token-file", metavar="FILE", type=nonempty,
+                       help="a file holding a token (at least 16 characters): changes to the "
+                            "model (learn, rollback, inbox labels) and the console's data "
+                            "(/inbox, /versions) then need the header Authorization: Bearer "
+                            "TOKEN (default: the environment variable GDACIL_TOKEN, if set)")
+    serve.add_argument("--inbox", metavar="DIR", type=nonempty,
+                       help="keep the inputs answered unknown in DIR, with their answer and "
+                            "model version, for a person to label on the console at / (nothing "
+                            "is kept without it; see docs/learner.md on privacy)")
+    serve.add_argument("--inbox-below", type=probability, metavar="P",
+                       help="with --inbox: also keep inputs whose best class has a "
+                            "probability below P")
+    serve.add_argument("--inbox-max-items", type=positive_int, default=1000, metavar="N",
+                       help="with --inbox: most items kept; the oldest unlabelled are dropped "
+                            "first (default: 1000)")
+    serve.add_argument("--inbox-max-mb", type=body_mb, default=100, metavar="MB",
+                       help="with --inbox: most MiB of items kept (default: 100)")
+    serve.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                       help="another Host name the server answers to, besides the --host "
+                            "address, localhost and 127.0.0.1 (repeatable; *.example.com: "
+                            "every subdomain; *: any, when a proxy in front checks Host)")
     for flag, kind, default, metavar, text in _SERVE_LIMITS:
         shown = f"{default:g}" if isinstance(default, float) else default
         serve.add_argument(flag, type=kind, default=default, metavar=metavar,
@@ -214,6 +271,7 @@ positive_seconds = _checked(_number, lambda v: v > 0, "a number of seconds > 0")
 nonnegative_seconds = _checked(_number, lambda v: v >= 0, "a number of seconds >= 0")
 body_mb = _checked(_number, lambda v: v * (1 << 20) >= 1, "a size in MiB of at least one byte")
 rate = _checked(_number, lambda v: 0 < v < 1, "a number strictly between 0 and 1")
+probability = _checked(_number, lambda v: 0 < v <= 1, "a probability above 0, at most 1")
 
 #: ``gdacil serve``'s limits: flag, type, default, metavar and help (the default is appended)
 _SERVE_LIMITS = (
@@ -270,7 +328,8 @@ def _learn(args) -> int:
     chosen = {k: v for k, v in chosen.items() if v is not None}
     before = _current(model)
     try:
-        return _learn_into(args, model, chosen)
+        with distributed.process_group():  # under torchrun; else a no-op
+            return _learn_into(args, model, chosen)
     except KeyboardInterrupt:
         _interrupted(model, before)
         return 130
@@ -312,14 +371,37 @@ def _learn_into(args, model: Path, chosen: dict) -> int:
     else:
         check_new_model_dir(model)  # before any work
         if "backbone" not in chosen:
-            chosen["backbone"] = "efficientnet-lite0" if Path(args.data).is_dir() else "minilm"
+            chosen["backbone"] = _default_backbone(args)
         learner = Learner(**chosen)
-    report = learner.learn(args.data, text_column=args.text_column,
-                           label_column=args.label_column, max_per_class=args.max_per_class,
-                           progress=_progress())
+    if args.statistics is not None:
+        if args.max_per_class is not None:
+            raise ValueError("--max-per-class applies to --data only (statistics hold no "
+                             "samples to draw from)")
+        report = learner.learn_statistics(args.statistics)
+    else:
+        report = learner.learn(args.data, text_column=args.text_column,
+                               label_column=args.label_column, vector_column=args.vector_column,
+                               max_per_class=args.max_per_class, progress=_progress())
+    if not distributed.is_main_process():  # under torchrun: every rank learned, rank 0 saves
+        return 0
     version = learner.save(model)
     print(f"{model}: {version}: {report}; {len(learner.classes)} classes in all")
     return 0
+
+
+def _default_backbone(args) -> str:
+    """The backbone of a new model: what its data needs."""
+    from .learner import read_statistics
+    from .vectors import VECTOR_SUFFIXES
+
+    if args.statistics is not None:
+        record = read_statistics(args.statistics)[2]
+        return record["name"] if record and isinstance(record.get("name"), str) else "vectors"
+    if Path(args.data).is_dir():
+        return "efficientnet-lite0"
+    if Path(args.data).suffix.lower() in VECTOR_SUFFIXES or args.vector_column != "vector":
+        return "vectors"
+    return "minilm"
 
 
 def _inputs(learner, model: Path, items: list[str]) -> list[str]:
@@ -349,25 +431,54 @@ def _inputs(learner, model: Path, items: list[str]) -> list[str]:
     return out
 
 
+def _predict_inputs(learner, args) -> tuple:
+    """``(inputs, what the output calls each)`` of ``gdacil predict``: a vectors file's rows
+    (called by their row number, from 1), vectors given as JSON lists, texts or images."""
+    model = Path(args.model)
+    if learner.modality != "vector":
+        if args.data is not None:
+            raise ValueError(f"--data is for vectors models; {model} classifies "
+                             f"{learner.modality}s: give them as INPUTs")
+        if not args.inputs:
+            raise ValueError("give the INPUTs to classify")
+        inputs = _inputs(learner, model, args.inputs)
+        return inputs, inputs
+    if (args.data is None) == (not args.inputs):
+        raise ValueError(f"{model} classifies vectors: give either --data FILE or vectors as "
+                         "INPUTs (JSON lists), not both")
+    if args.data is not None:
+        table = learner._vector_table(args.data, None, args.vector_column, "label",
+                                      need_labels=False)
+        return table.array(), list(range(1, table.n + 1))
+    vectors = []
+    for i, text in enumerate(args.inputs):
+        try:
+            vectors.append(json.loads(text))
+        except (ValueError, RecursionError):
+            raise ValueError(f"INPUT {i + 1} ({text[:40]!r}): not a JSON list of numbers (a "
+                             "vectors model takes vectors such as [0.1, 2.5, -1])") from None
+    return vectors, list(args.inputs)
+
+
 def _predict(args) -> int:
     from .learner import Learner
 
     if args.reject_rate is not None and not args.reject:
         raise ValueError("--reject-rate applies with --reject only")
     learner = Learner.load(args.model, args.version, precision=args.precision)
-    inputs = _inputs(learner, Path(args.model), args.inputs)
+    inputs, shown = _predict_inputs(learner, args)
     predictions = learner.predict(inputs, top_k=args.top_k, reject=args.reject,
                                   reject_rate=args.reject_rate, sets=args.sets,
                                   progress=_progress())
     if args.format == "json":
-        print(json.dumps([{"input": x, **p.to_dict()} for x, p in zip(inputs, predictions)],
+        print(json.dumps([{"input": x, **p.to_dict()} for x, p in zip(shown, predictions)],
                          indent=2))
         return 0
     writer = csv.writer(sys.stdout, lineterminator="\n")
     writer.writerow(["input", "rank", "class", "score", "probability"]
                     + (["unknown", "novelty", "threshold"] if args.reject else [])
                     + (["set"] if args.sets is not None else []))
-    for x, p in zip(inputs, predictions):
+    for x, p in zip(shown, predictions):
         extra = ([str(p.unknown).lower(), repr(p.novelty), repr(p.threshold)] if args.reject
                  else [])
         if args.sets is not None:
@@ -431,8 +542,19 @@ def _forget(args) -> int:
 def _calibrate(args) -> int:
     return _change(args.model, lambda learner: learner.calibrate(
         args.data, text_column=args.text_column, label_column=args.label_column,
-        progress=_progress()), lambda _, records: f"calibrated on {records} samples of "
-                                                  f"{args.data}")
+        vector_column=args.vector_column, progress=_progress()),
+        lambda _, records: f"calibrated on {records} samples of {args.data}")
+
+
+def _export_statistics(args) -> int:
+    from .learner import Learner
+
+    learner = Learner.load(args.model, args.version)
+    path = learner.export_statistics(args.file)
+    print(f"{path}: the statistics of {len(learner.classes)} classes "
+          f"({sum(learner.class_counts().values())} samples) of {args.model} "
+          f"(version {learner.version})")
+    return 0
 
 
 def _change(model: str, change, said) -> int:
@@ -494,11 +616,20 @@ def _rollback(args) -> int:
 
 
 def _serve(args) -> int:
+    from .access import read_token
+    from .inbox import Inbox
     from .serve import serve
 
+    if args.inbox is None and args.inbox_below is not None:
+        raise ValueError("--inbox-below applies with --inbox DIR only")
+    inbox = None if args.inbox is None else Inbox(
+        args.inbox, max_items=args.inbox_max_items,
+        max_bytes=int(args.inbox_max_mb * (1 << 20)), below=args.inbox_below)
     serve(args.model, host=args.host, port=args.port, log_level=args.log_level,
+          token=read_token(args.token_file), inbox=inbox,
           allow_learn=args.allow_learn, max_batch=args.max_batch, max_inputs=args.max_inputs,
           max_body=int(args.max_body_mb * (1 << 20)), max_pixels=args.max_pixels,
           max_pending=args.max_queue, timeout=args.timeout, batch_seconds=args.batch_seconds,
-          max_connections=args.max_connections, poll=args.poll, precision=args.precision)
+          max_connections=args.max_connections, poll=args.poll,
+          allowed_hosts=args.allowed_host, precision=args.precision)
     return 0

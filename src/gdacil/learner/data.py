@@ -77,18 +77,24 @@ class Samples:
 
     def limit_per_class(self, n: int, seed) -> Samples:
         """At most ``n`` samples of each class, drawn with ``seed`` (order kept)."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"max_per_class must be a positive integer; got {n!r}")
-        rng = np.random.default_rng(seed)
-        labels = np.asarray(self.labels, dtype=object)
-        keep: list[np.intp] = []
-        for name in sorted(set(self.labels)):
-            where = np.flatnonzero(labels == name)
-            keep.extend(where if len(where) <= n else rng.choice(where, n, replace=False))
-        return self.subset(sorted(int(i) for i in keep))
+        return self.subset(per_class_positions(self.labels, n, seed).tolist())
 
     def raws(self) -> LazySamples:
         return LazySamples(self.keys, self.load)
+
+
+def per_class_positions(labels: Sequence, n: int, seed) -> np.ndarray:
+    """The sorted positions of at most ``n`` of each class's ``labels``, drawn with ``seed``
+    (classes taken in sorted order; what ``max_per_class`` keeps)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"max_per_class must be a positive integer; got {n!r}")
+    rng = np.random.default_rng(seed)
+    values = np.asarray(labels, dtype=object)
+    keep: list[np.intp] = []
+    for name in sorted(set(values.tolist())):
+        where = np.flatnonzero(values == name)
+        keep.extend(where if len(where) <= n else rng.choice(where, n, replace=False))
+    return np.array(sorted(int(i) for i in keep), dtype=np.int64)
 
 
 class LazySamples(Sequence):

@@ -46,6 +46,7 @@ file                         what
 from __future__ import annotations
 
 import copy as _copy
+import dataclasses
 import difflib
 import json
 import logging
@@ -62,7 +63,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 import torch
 
-from .. import __version__
+from .. import __version__, distributed
 from .._validation import check_fraction
 from ..backbones.base import check_precision, resolve_precision
 from ..calibration import (
@@ -71,7 +72,9 @@ from ..calibration import (
     Calibration,
     calibration_folds,
     held_out_calibration,
+    least_rate,
     new_input_calibration,
+    records_for_rate,
 )
 from ..cil.config import ConfigError
 from ..cil.model import IncrementalModel, TaskData, backbone_weights, task_seed
@@ -84,8 +87,23 @@ from ..state import load_state, restore, save_state
 from ..stats import ClassGaussians, ClassStatistics
 from . import bundle
 from .config import LearnerConfig
-from .data import LazySamples, Samples, load_images, load_texts, read_samples
+from .data import (
+    LazySamples,
+    Samples,
+    load_images,
+    load_texts,
+    per_class_positions,
+    read_samples,
+)
 from .reservoir import AnchorReservoir
+from .vectors import (
+    VECTOR_SUFFIXES,
+    VectorTable,
+    as_vectors,
+    read_vectors,
+    table_of,
+    table_statistics,
+)
 
 if TYPE_CHECKING:
     from ..heads import GaussianHead
@@ -97,9 +115,15 @@ LEARNER_FORMAT = "gdacil.learner/1"
 PROGRESS_SECONDS = 5.0
 logger = logging.getLogger(__name__)
 _clock = time.monotonic
-_PLURAL = {"image": "images", "text": "texts"}
+_PLURAL = {"image": "images", "text": "texts", "vector": "vectors"}
 # purposes of the seeds drawn per learn (with gdacil.cil.model.task_seed; 0 trains the backbone)
-_CAP, _RESERVOIR, _CALIBRATION = 101, 102, 103
+_CAP, _RESERVOIR, _CALIBRATION, _RECORDS = 101, 102, 103, 104
+#: Most calibration records a learn of vectors keeps (drawn with the seed beyond): they are held
+#: in memory while the statistics stream, so a learn's memory does not grow with its size
+MAX_RECORDS = 20_000
+#: The format of exported class statistics (``Learner.export_statistics``): a ClassGaussians
+#: file whose metadata also names the classes and the features' backbone
+STATISTICS_FORMAT = "gdacil.statistics/1"
 #: Most elements of one block of class scores when predicting with a calibration
 _SCORE_BLOCK = 1 << 22
 #: the learner's one compensator track and head, in its IncrementalModel
@@ -188,7 +212,7 @@ def _single(inputs) -> bool:
 
 
 class Learner:
-    """A continual classifier over raw images or texts.
+    """A continual classifier over raw images or texts, or vectors (``Learner("vectors")``).
 
     ``Learner(backbone, **settings)``: the settings are the fields of :class:`LearnerConfig`
     (``head``, ``head_params``, ``strategy``, ``compensator``, ``statistics``, ``anchors``,
@@ -333,6 +357,13 @@ class Learner:
                              f"{bb.modality} features, but this model was built on "
                              f"{record['dim']}-d {record['modality']} features")
         if bb.weights_fingerprint() != record["weights_sha256"]:
+            location = str((record.get("config") or {}).get("source") or "")
+            if getattr(bb, "strict", False) or location.startswith("local:"):
+                raise ValueError(
+                    f"the backbone {self.config.backbone!r} is not the encoder this model learned "
+                    f"with: its weights (identity) hash to {bb.weights_fingerprint()[:12]}, the "
+                    f"model's to {str(record['weights_sha256'])[:12]}; its features would differ. "
+                    "Give it the encoder it was learned with")
             warnings.warn(f"the weights of the backbone {self.config.backbone!r} differ from "
                           "those this model learned with (a different installed version?); "
                           "its features, and so its predictions, may differ", UserWarning,
@@ -349,8 +380,19 @@ class Learner:
 
     @property
     def modality(self) -> str:
-        """``"image"`` or ``"text"``: what the backbone takes."""
-        return self._record["modality"] if self._record else self.backbone.modality
+        """``"image"``, ``"text"`` or ``"vector"``: what the backbone takes."""
+        if self._record:
+            return self._record["modality"]
+        return "vector" if self.config.backbone == "vectors" else self.backbone.modality
+
+    def _dim(self) -> int | None:
+        """The features' dimension when it is known without building the backbone (a vectors
+        model's is fixed by its first learn)."""
+        if self._record:
+            return int(self._record["dim"])
+        if self.config.backbone == "vectors":
+            return self.config.backbone_options.get("dim")
+        return self.backbone.dim
 
     @property
     def classes(self) -> list[str]:
@@ -405,7 +447,8 @@ class Learner:
 
     # ------------------------------------------------------------------ learning
     def learn(self, data, labels=None, *, text_column: str = "text", label_column: str = "label",
-              max_per_class: int | None = None, progress: bool = False) -> LearnReport:
+              vector_column: str = "vector", max_per_class: int | None = None,
+              progress: bool = False) -> LearnReport:
         """Add the classes of ``data`` and update those the model already holds.
 
         Parameters
@@ -413,11 +456,14 @@ class Learner:
         data : path, Dataset, inputs, or (inputs, labels)
             A folder with one sub-folder of images per class, a CSV/TSV or JSONL/JSON file of
             texts, a :class:`gdacil.data.Dataset`, or in-memory inputs (texts, image files,
-            PIL images, arrays) with ``labels`` (see :mod:`gdacil.learner.data`).
+            PIL images, arrays) with ``labels`` (see :mod:`gdacil.learner.data`). A vectors
+            model (``Learner("vectors")``) takes a Parquet, ``.npz``, CSV or JSONL file of
+            vectors and labels, or a 2-d array of vectors with ``labels``
+            (:mod:`gdacil.learner.vectors`); its dimension is fixed by its first learn.
         labels : sequence, optional
             Class names of in-memory ``data`` (converted with ``str``).
-        text_column, label_column : str
-            Column (key) names in CSV and JSON files.
+        text_column, label_column, vector_column : str
+            Column (key) names in CSV, JSON and Parquet files (``.npz``: array names).
         max_per_class : int, optional
             Learn at most this many samples per class (drawn with the learner's seed).
         progress : bool
@@ -427,8 +473,10 @@ class Learner:
         -------
         LearnReport
         """
-        samples = read_samples(data, labels, text_column=text_column, label_column=label_column)
-        self._check_modality(samples)
+        if self.modality == "vector":
+            return self._learn_vectors(self._vector_table(data, labels, vector_column,
+                                                          label_column), max_per_class)
+        samples = self._read_samples(data, labels, text_column, label_column)
         t = self._steps
         if max_per_class is not None:
             samples = samples.limit_per_class(max_per_class, task_seed(self.config.seed, t, _CAP))
@@ -437,15 +485,8 @@ class Learner:
         bb = self.backbone
         load = self._loader(samples.load)
         self._loaded_statistics()
-        ids = dict(self._ids)
         learned = list(dict.fromkeys(samples.labels))
-        fresh = [n for n in learned if n not in ids]
-        ids.update({n: self._next_id + k for k, n in enumerate(fresh)})
-        updated = [n for n in learned if n not in fresh]
-        if updated and self.config.statistics.storage != "dense":
-            raise ValueError(f"this model keeps low-rank statistics, which cannot take new "
-                             f"samples of classes they hold ({', '.join(updated[:5])}); learn "
-                             "only new classes, or use dense statistics")
+        ids, fresh, updated = self._class_ids_after(learned)
         y = torch.tensor([ids[n] for n in samples.labels], dtype=torch.int64)
         old = self._stats.classes if self._stats is not None else []
         trains = self._strategy is not None and self._strategy.trains_on(t)
@@ -460,18 +501,261 @@ class Learner:
                 raise ValueError(f"strategy {self.config.strategy.name!r} cannot train the "
                                  f"backbone {self.config.backbone!r}: {exc}") from None
             raise
-        self._set_statistics(self._stats)
         self._reservoir, self._calibration = reservoir, calibration
-        self._ids, self._next_id, self._steps = ids, self._next_id + len(fresh), t + 1
+        return self._learned(bb, ids, LearnReport(
+            samples.source, len(samples), tuple(learned), tuple(fresh), tuple(updated),
+            samples.skipped, trains, compensate))
+
+    def _read_samples(self, data, labels, text_column: str, label_column: str) -> Samples:
+        """The samples of ``data`` for this (text or image) model, of its modality."""
+        if isinstance(data, (str, os.PathLike)) and Path(data).suffix.lower() in VECTOR_SUFFIXES:
+            raise ValueError(f"{data} holds vectors, but this model's backbone "
+                             f"{self.config.backbone!r} takes {_PLURAL[self.modality]}; learn "
+                             "vectors with a vectors model (Learner('vectors'), gdacil learn "
+                             "--backbone vectors)")
+        samples = read_samples(data, labels, text_column=text_column, label_column=label_column)
+        self._check_modality(samples)
+        return samples
+
+    def _class_ids_after(self, learned: list[str]) -> tuple[dict[str, int], list[str], list[str]]:
+        """``(ids, fresh, updated)``: the class ids once the classes ``learned`` are held (new
+        ones numbered from the next free id), the new classes and those held already."""
+        ids = dict(self._ids)
+        fresh = [n for n in learned if n not in ids]
+        ids.update({n: self._next_id + k for k, n in enumerate(fresh)})
+        updated = [n for n in learned if n not in fresh]
+        if updated and self.config.statistics.storage != "dense":
+            raise ValueError(f"this model keeps low-rank statistics, which cannot take new "
+                             f"samples of classes they hold ({', '.join(updated[:5])}); learn "
+                             "only new classes, or use dense statistics")
+        return ids, fresh, updated
+
+    def _learned(self, bb, ids: dict[str, int], report: LearnReport, **event) -> LearnReport:
+        """What a learn that succeeded records: the classes, the step, the backbone, the
+        event for the history."""
+        self._set_statistics(self._stats)
+        self._ids, self._next_id, self._steps = ids, self._next_id + len(report.new), \
+            self._steps + 1
         self._record = {"name": bb.name, "config": _portable(_jsonable(bb.config())),
                         "modality": bb.modality, "dim": bb.dim,
                         "weights_sha256": bb.weights_fingerprint()}
-        report = LearnReport(samples.source, len(samples), tuple(learned), tuple(fresh),
-                             tuple(updated), samples.skipped, trains, compensate)
-        self._pending.append({"action": "learn", "source": samples.source,
-                              "samples": len(samples), "new": list(fresh),
-                              "updated": list(report.updated)})
+        self._pending.append({"action": "learn", "source": report.source,
+                              "samples": report.samples, "new": list(report.new),
+                              "updated": list(report.updated), **event})
         return report
+
+    # ------------------------------------------------------------------ vectors and statistics
+    def _vector_table(self, data, labels, vector_column: str, label_column: str,
+                      need_labels: bool = True) -> VectorTable:
+        """The vectors of ``data`` (a file, or in-memory vectors with ``labels``), checked to
+        have this vectors model's dimension."""
+        if labels is None and isinstance(data, tuple) and len(data) == 2:
+            data, labels = data
+        if isinstance(data, (str, os.PathLike)):
+            table = read_vectors(data, vector_column=vector_column, label_column=label_column,
+                                 labels=need_labels)
+        else:
+            table = table_of(data, labels)
+        if need_labels and table.names is None:
+            raise ValueError("learning vectors in memory needs their labels: "
+                             "learn(vectors, labels)")
+        dim = self._dim()
+        if dim is not None and table.dim != dim:
+            column = f" (column {vector_column!r})" if isinstance(data, (str, os.PathLike)) else ""
+            raise ValueError(f"{table.source}: vectors of {table.dim} numbers{column}, but this "
+                             f"model takes {dim}-d vectors")
+        return table
+
+    def _vector_backbone(self, dim: int):
+        """The vectors backbone, of dimension ``dim`` when the model has none yet."""
+        if self.config.backbone_options.get("dim") is None and not self._record:
+            return _vectors_backbone(dim, self.device)
+        return self.backbone
+
+    def _learn_vectors(self, table: VectorTable, max_per_class: int | None) -> LearnReport:
+        """Learn a table of vectors a chunk at a time (:data:`~gdacil.learner.vectors.CHUNK_ROWS`
+        rows): their class statistics are accumulated as they are read, and only the
+        calibration records (at most :data:`MAX_RECORDS`) are kept. Under ``torchrun`` each
+        process reads its contiguous share of the rows and the statistics are merged exactly
+        (:func:`gdacil.distributed.all_reduce_stats`)."""
+        if self._strategy is not None:
+            raise ValueError(f"a vectors model has no backbone to train; strategy "
+                             f"{self.config.strategy.name!r} needs one (use strategy frozen)")
+        t, cfg = self._steps, self.config
+        assert table.names is not None and table.codes is not None  # read with labels
+        keep = np.ones(table.n, dtype=bool)
+        if max_per_class is not None:
+            chosen = per_class_positions(table.labels(), max_per_class,
+                                         task_seed(cfg.seed, t, _CAP))
+            keep[:] = False
+            keep[chosen] = True
+        # names are numbered by first appearance in the table
+        learned = [table.names[c] for c in np.unique(table.codes[keep]).tolist()]
+        self._loaded_statistics()
+        ids, fresh, updated = self._class_ids_after(learned)
+        y = torch.from_numpy(np.array([ids.get(n, -1) for n in table.names],
+                                      dtype=np.int64)[table.codes])
+        folds = torch.full((table.n,), -1, dtype=torch.int64)
+        kept = torch.from_numpy(np.flatnonzero(keep))
+        folds[kept] = self._record_folds(t, y[kept])
+        bb = self._vector_backbone(table.dim)
+        stats, X_records = table_statistics(table, y, bb, keep=torch.from_numpy(keep),
+                                            records=folds >= 0, ddof=cfg.ddof)
+        at = torch.nonzero(folds >= 0)[:, 0]
+        n = int(keep.sum())
+        report = LearnReport(table.source, n, tuple(learned), tuple(fresh), tuple(updated))
+        self._learn_moments(bb, stats, X_records, y[at], folds[at])
+        if self.config.backbone_options.get("dim") is None:
+            self.config = dataclasses.replace(
+                self.config, backbone_options={**self.config.backbone_options, "dim": table.dim})
+        self._backbone = bb
+        return self._learned(bb, ids, report)
+
+    def _record_folds(self, t: int, y: torch.Tensor) -> torch.Tensor:
+        """The calibration fold of each sample of learn ``t`` (``-1``: not a record), as
+        :meth:`_held_out` deals them, at most :data:`MAX_RECORDS` records kept (drawn with the
+        seed); all ``-1`` when the learn does not calibrate."""
+        cfg = self.config
+        if not cfg.calibration_share or cfg.statistics.storage != "dense":
+            return torch.full_like(y, -1)
+        folds = calibration_folds(y, cfg.calibration_share, task_seed(cfg.seed, t, _CALIBRATION))
+        chosen = torch.nonzero(folds >= 0)[:, 0]
+        if len(chosen) > MAX_RECORDS:
+            g = torch.Generator().manual_seed(task_seed(cfg.seed, t, _RECORDS))
+            dropped = chosen[torch.randperm(len(chosen), generator=g)[MAX_RECORDS:]]
+            folds[dropped] = -1
+        return folds
+
+    def _learn_moments(self, bb, new: ClassGaussians, X: torch.Tensor, y: torch.Tensor,
+                       folds: torch.Tensor) -> None:
+        """Merge the statistics ``new`` into the model's and refit the head, then calibrate on
+        the records ``X``, ``y`` (their ``folds``; none: the calibration stays as it was), as
+        one transaction: on failure the statistics, head and calibration are as before."""
+        cfg = self.config
+        dim = new.dim
+        if cfg.statistics.storage != "dense":
+            new = cfg.statistics.empty(dim, cfg.ddof).merge(new)
+        tracks = dict(self._model.tracks) or {_TRACK: cfg.statistics.empty(dim, cfg.ddof)}
+        calibration = self._calibration
+        t = self._steps
+
+        def finish(records: torch.Tensor) -> None:
+            nonlocal calibration
+            if len(records):
+                calibration = self._held_out(t, records, y, tracks[_TRACK], folds)
+
+        self._model.backbone = bb
+        self._model._merge_and_fit(tracks, new, X, y, {}, finish)
+        self._calibration = calibration
+
+    def learn_statistics(self, statistics, names=None, *, source: str | None = None
+                         ) -> LearnReport:
+        """Add (or update) classes from their statistics, computed elsewhere: exactly as if
+        their samples had been learned (the same merge, the same head).
+
+        Parameters
+        ----------
+        statistics : ClassGaussians or path
+            Dense statistics of this model's features (same dimension and ``ddof``), or a file
+            written by :meth:`export_statistics` or :meth:`gdacil.ClassGaussians.save`.
+        names : sequence or mapping, optional
+            The class name of each label (a sequence in the order of ``statistics.classes``, or
+            ``{label: name}``); default: the names an exported file holds, else each label's
+            decimal string.
+        source : str, optional
+            What the history calls them (default: the file, or "statistics").
+
+        Notes
+        -----
+        Statistics carry no samples, so they cannot calibrate the model: the calibration
+        stays as it was (as after a learn in which no class has 3 samples), its records scored
+        by a head without these classes; calibrate on held-out samples of them
+        (:meth:`calibrate`) for rates that cover them. A file of statistics of another
+        backbone (its record differs from this model's) is refused.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from gdacil import ClassGaussians
+        >>> g = torch.Generator().manual_seed(0)
+        >>> site = ClassGaussians(4).update(torch.randn(30, 4, generator=g), torch.arange(30) % 3)
+        >>> model = Learner("vectors")
+        >>> print(model.learn_statistics(site, ["cat", "dog", "owl"]))
+        learned 30 samples of 3 classes (3 new, 0 updated)
+        >>> model.predict([0.1, 0.0, -0.2, 0.3])[0].label in {"cat", "dog", "owl"}
+        True
+        """
+        if isinstance(statistics, (str, os.PathLike)):
+            source = source or str(statistics)
+            statistics, stored, record = read_statistics(statistics)
+            names = stored if names is None else names
+            self._check_record(record, source)
+        if not isinstance(statistics, ClassGaussians):
+            raise TypeError(f"learn_statistics takes dense ClassGaussians (or their file); got "
+                            f"{type(statistics).__name__}")
+        source = source or "statistics"
+        if self._strategy is not None:
+            raise ValueError("statistics computed elsewhere cannot be learned by a model whose "
+                             "strategy trains the backbone (the features would move)")
+        dim = self._dim()  # None: a vectors model whose dimension these statistics fix
+        if dim is not None and statistics.dim != dim:
+            raise ValueError(f"{source}: statistics of {statistics.dim}-d features, but this "
+                             f"model's are {dim}-d")
+        if statistics.ddof != self.config.ddof:
+            raise ValueError(f"{source}: statistics with ddof={statistics.ddof}, but this model "
+                             f"keeps ddof={self.config.ddof}")
+        if not statistics.n_classes:
+            raise ValueError(f"{source}: no classes to learn")
+        labels = statistics.classes
+        learned = _statistics_names(labels, names, source)
+        self._loaded_statistics()
+        ids, fresh, updated = self._class_ids_after(learned)
+        tensors, meta = statistics.state_dict()
+        tensors["labels"] = torch.tensor([ids[n] for n in learned], dtype=torch.int64)
+        new = ClassGaussians.from_state((tensors, meta), source=source)
+        bb = (self._vector_backbone(statistics.dim) if self.config.backbone == "vectors"
+              else self.backbone)
+        empty = torch.empty(0, dtype=torch.int64)
+        self._learn_moments(bb, new, torch.empty(0, statistics.dim, dtype=torch.float64), empty,
+                            empty)
+        if self.config.backbone == "vectors" and "dim" not in self.config.backbone_options:
+            self.config = dataclasses.replace(
+                self.config, backbone_options={**self.config.backbone_options,
+                                               "dim": statistics.dim})
+        self._backbone = bb
+        report = LearnReport(source, int(new.counts.sum()), tuple(learned), tuple(fresh),
+                             tuple(updated))
+        return self._learned(bb, ids, report, statistics=True)
+
+    def export_statistics(self, path: str | os.PathLike) -> Path:
+        """Write the model's class statistics to ``path`` (a safetensors file, atomically):
+        what :meth:`learn_statistics` of another model (of the same backbone) takes. The file
+        is a :meth:`gdacil.ClassGaussians.save` file whose metadata also holds the class
+        names (``gdacil.classes``, in label order) and the backbone record
+        (``gdacil.backbone``); labels are this model's internal ids."""
+        stats = self._loaded_statistics()
+        if stats is None:
+            raise ValueError("the model has learned no classes yet: nothing to export")
+        if not isinstance(stats, ClassGaussians):
+            raise ValueError(f"only dense statistics can be exported; this model's are "
+                             f"{self.config.statistics.storage}")
+        tensors, meta = stats.state_dict()
+        meta = {**meta, "gdacil.format": STATISTICS_FORMAT,
+                "gdacil.classes": self._names(stats.classes), "gdacil.backbone": self._record}
+        return save_state(path, (tensors, meta))
+
+    def _check_record(self, record: dict | None, source: str) -> None:
+        """Refuse statistics whose features came from another backbone than this model's."""
+        mine = self._record
+        if not record or not mine:
+            return
+        for key in ("name", "modality", "dim", "weights_sha256"):
+            if record.get(key) != mine.get(key):
+                raise ValueError(f"{source}: statistics of features of backbone "
+                                 f"{record.get('name')!r} ({record.get('dim')}-d, weights "
+                                 f"{str(record.get('weights_sha256'))[:12]}), but this model's "
+                                 f"are of {mine['name']!r} ({mine['dim']}-d, weights "
+                                 f"{str(mine['weights_sha256'])[:12]}): they differ in {key}")
 
     def _learn_task(self, t: int, samples: Samples, load, y: torch.Tensor, compensate: bool,
                     progress: bool) -> tuple[AnchorReservoir, Calibration | None]:
@@ -506,7 +790,8 @@ class Learner:
         return reservoir, calibration
 
     def _held_out(self, t: int, X: torch.Tensor, y: torch.Tensor,
-                  moved: ClassStatistics | None) -> Calibration | None:
+                  moved: ClassStatistics | None, folds: torch.Tensor | None = None
+                  ) -> Calibration | None:
         """The calibration after learn ``t``, called by the task step once the statistics hold
         the task's samples and the head is refitted on them: fitted on records of this learn's
         own samples (``X``, the features the task step extracted, and ``y``), each fold of them
@@ -515,11 +800,14 @@ class Learner:
         :data:`~gdacil.calibration.MIN_RECORDS`. The previous
         calibration when none can be made: calibration disabled, statistics that are not dense
         (samples cannot be taken out of them exactly), or no class of the learn with 3 samples
-        or more."""
+        or more. ``folds``: the records' folds when ``X`` holds the records only
+        (:meth:`_record_folds`)."""
         cfg = self.config
         if not cfg.calibration_share or cfg.statistics.storage != "dense":
             return self._calibration
-        folds = calibration_folds(y, cfg.calibration_share, task_seed(cfg.seed, t, _CALIBRATION))
+        if folds is None:
+            folds = calibration_folds(y, cfg.calibration_share,
+                                      task_seed(cfg.seed, t, _CALIBRATION))
         if not bool((folds >= 0).any()):
             return self._calibration
         # the statistics the head was just refitted on: the compensated ones, those held (merged
@@ -569,9 +857,21 @@ class Learner:
                              f"model's backbone {self.config.backbone!r} takes "
                              f"{_PLURAL.get(modality, modality)}")
 
+    def _vector_inputs(self, inputs) -> np.ndarray:
+        """The vectors to classify, checked, ``(n, dim)``: one vector (a 1-d array or a list
+        of numbers) or several."""
+        one = getattr(inputs, "ndim", None) == 1 or (
+            isinstance(inputs, (list, tuple)) and len(inputs) > 0
+            and not any(isinstance(v, (list, tuple, str, bytes)) or hasattr(v, "__len__")
+                        for v in inputs))
+        return as_vectors([inputs] if one else inputs, self._dim())
+
     def _loader(self, load):
         """``load`` checked for this model's modality; messages name an input by its path, or
-        as ``inputs[key]`` (its position among all the inputs, not within the batch)."""
+        as ``inputs[key]`` (its position among all the inputs, not within the batch). Vectors
+        are checked before (:meth:`_vector_inputs`)."""
+        if self.modality == "vector":
+            return load
         texts = self.modality == "text"
         check = load_texts if texts else load_images
 
@@ -585,7 +885,22 @@ class Learner:
 
     def _extract(self, keys: list[str], load, progress: bool = False,
                  what: str = "learn") -> torch.Tensor:
-        """Features of ``keys``: with a progress bar (``progress``), else with a progress line
+        """Features of ``keys`` (:meth:`_extract_here`); under ``torchrun`` each process
+        extracts its contiguous share of them and every process gets all the features back
+        (:func:`gdacil.distributed.all_gather_rows`), as ``gdacil run`` shards extraction."""
+        if distributed.world_size() == 1:
+            return self._extract_here(keys, load, progress, what)
+        mine = distributed.shard(keys)
+        X = self._extract_here(list(mine), load, progress, what) if len(mine) else \
+            torch.empty(0, self.backbone.dim, dtype=self._feature_dtype())
+        return distributed.all_gather_rows(X)
+
+    def _feature_dtype(self) -> torch.dtype:
+        return torch.float64 if self.modality == "vector" else torch.float32
+
+    def _extract_here(self, keys: list[str], load, progress: bool = False,
+                      what: str = "learn") -> torch.Tensor:
+        """Features of ``keys`` in this process: with a progress bar (``progress``), else with a progress line
         on the ``gdacil.learner`` logger (INFO) at most every :data:`PROGRESS_SECONDS` while it
         runs, so that a user whose output is not a terminal sees it is alive. The chunks are
         :func:`extract_features`' own, so the features are the same either way."""
@@ -647,8 +962,9 @@ class Learner:
         if sets is not None:
             check_fraction(sets, "sets (the conformal sets' miscoverage alpha)")
             self._calibrated_for("conformal prediction sets")
-        items = [inputs] if _single(inputs) else list(inputs)
-        if not items:
+        items = (self._vector_inputs(inputs) if self.modality == "vector"
+                 else [inputs] if _single(inputs) else list(inputs))
+        if not len(items):
             return []
         load = self._loader(lambda keys: [items[int(k)] for k in keys])
         X = self._extract([str(i) for i in range(len(items))], load, progress, what="predict")
@@ -709,17 +1025,14 @@ class Learner:
         calibration = self._calibrated_for("rejection")
         threshold = calibration.threshold(rate)
         if threshold == -math.inf:
-            n = need = calibration.n_records
-            while math.floor(rate * (need + 1)) < 1:  # the fewest records that give a threshold
-                need += 1
-            least = math.ceil(1000 / (n + 1)) / 1000  # the least rate (3 decimals) they allow
-            while math.floor(least * (n + 1)) < 1:
-                least += 0.001
+            n, need = calibration.n_records, records_for_rate(rate)
+            takes = ("more than 1e308" if need is None else f"at least {need}"
+                     if need < 10**15 else f"at least {float(need):.3g}")
             raise ValueError(
                 f"the model's calibration holds {n} records, too few for a false-rejection "
-                f"rate of {rate:g} (that takes at least {need}); ask a larger reject_rate (at "
-                f"least {least:.3f}), or learn more samples at once (each sample of a learn's "
-                "classes with 3 samples or more is a record; a learn with fewer than "
+                f"rate of {rate:g} (that takes {takes}); ask a larger reject_rate (at "
+                f"least {least_rate(n):.3f}), or learn more samples at once (each sample of a "
+                "learn's classes with 3 samples or more is a record; a learn with fewer than "
                 f"{MIN_RECORDS} is joined by the newest records of earlier learns)")
         return threshold
 
@@ -747,7 +1060,8 @@ class Learner:
                          "(Learner.calibrate, gdacil calibrate), or predict without it")
 
     def calibrate(self, data, labels=None, *, text_column: str = "text",
-                  label_column: str = "label", progress: bool = False) -> int:
+                  label_column: str = "label", vector_column: str = "vector",
+                  progress: bool = False) -> int:
         """Calibrate the model again on labelled samples of classes it holds that it has
         **not** learned (a held-out set), and return the number of records.
 
@@ -765,20 +1079,25 @@ class Learner:
         """
         if self._head is None:
             raise ValueError("the model has learned no classes yet: learn some first")
-        samples = read_samples(data, labels, text_column=text_column, label_column=label_column)
-        self._check_modality(samples)
-        if not len(samples):
-            raise ValueError(f"{samples.source}: no samples to calibrate on")
-        for name in dict.fromkeys(samples.labels):
+        if self.modality == "vector":
+            table = self._vector_table(data, labels, vector_column, label_column)
+            names, source = table.labels(), table.source
+            X = self.backbone.extract(table.array())
+        else:
+            samples = self._read_samples(data, labels, text_column, label_column)
+            if not len(samples):
+                raise ValueError(f"{samples.source}: no samples to calibrate on")
+            names, source = list(samples.labels), samples.source
+        for name in dict.fromkeys(names):
             if name not in self._ids:
                 raise self._unknown(name)
-        X = self._extract(list(samples.keys), self._loader(samples.load), progress,
-                          what="calibrate")
-        y = torch.tensor([self._ids[n] for n in samples.labels], dtype=torch.int64)
+        if self.modality != "vector":
+            X = self._extract(list(samples.keys), self._loader(samples.load), progress,
+                              what="calibrate")
+        y = torch.tensor([self._ids[n] for n in names], dtype=torch.int64)
         self._calibration = new_input_calibration(self._head, X, y, method=self.config.novelty)
-        self._pending.append({"action": "calibrate", "source": samples.source,
-                              "samples": len(samples)})
-        return len(samples)
+        self._pending.append({"action": "calibrate", "source": source, "samples": len(names)})
+        return len(names)
 
     # ------------------------------------------------------------------ forgetting
     def forget(self, classes: str | Iterable[str]) -> list[str]:
@@ -1076,6 +1395,57 @@ class Learner:
                 self._reservoir = AnchorReservoir.from_json(
                     read_json(anchors, bundle.ADVICE),
                     lambda rel: _required(opened, rel).read_bytes())
+
+
+def _vectors_backbone(dim: int, device=None):
+    from ..backbones import build_backbone
+
+    return build_backbone("vectors", dim=dim, device=device)
+
+
+def read_statistics(path: str | os.PathLike) -> tuple[ClassGaussians, list[str] | None,
+                                                     dict | None]:
+    """``(statistics, class names, backbone record)`` of a file written by
+    :meth:`Learner.export_statistics` (names and record None for a plain
+    :meth:`ClassGaussians.save` file)."""
+    tensors, meta = load_state(path)
+    extra = {k: meta.pop(k) for k in list(meta) if k.startswith("gdacil.")}
+    try:
+        stats = ClassStatistics.from_state((tensors, meta), source=str(path))
+    except ValueError as exc:
+        raise ValueError(f"{exc} (expected class statistics: Learner.export_statistics or "
+                         "ClassGaussians.save writes them)") from None
+    if not isinstance(stats, ClassGaussians):
+        raise ValueError(f"{path}: {type(stats).__name__} statistics; only dense "
+                         "ClassGaussians can be learned (their samples' moments are exact)")
+    names = extra.get("gdacil.classes")
+    if names is not None and (not isinstance(names, list) or len(names) != stats.n_classes):
+        raise ValueError(f"{path}: gdacil.classes must list one name per class "
+                         f"({stats.n_classes}); got {names!r:.80}")
+    record = extra.get("gdacil.backbone")
+    return stats, names, record if isinstance(record, dict) else None
+
+
+def _statistics_names(labels: list[int], names, source: str) -> list[str]:
+    """The class name of each of ``labels`` (see :meth:`Learner.learn_statistics`)."""
+    from .names import class_name
+
+    if names is None:
+        values = list(labels)
+    elif isinstance(names, dict):
+        missing = [c for c in labels if c not in names]
+        if missing:
+            raise ValueError(f"{source}: names gives no name for labels {missing[:5]}")
+        values = [names[c] for c in labels]
+    else:
+        values = list(names)
+        if len(values) != len(labels):
+            raise ValueError(f"{source}: {len(values)} names for {len(labels)} classes")
+    out = [class_name(v, f"{source}, class {c}") for c, v in zip(labels, values)]
+    if len(set(out)) != len(out):
+        twice = next(n for n in out if out.count(n) > 1)
+        raise ValueError(f"{source}: two classes are named {twice!r}")
+    return out
 
 
 def _read_calibration(path: Path, order: list[int]) -> Calibration:

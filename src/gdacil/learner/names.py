@@ -25,8 +25,10 @@ def class_name(value, where: str) -> str:
     become their decimal string. Strings are normalised to Unicode NFC and stripped of
     surrounding whitespace. Refused: ``None``, floats (NaN included), bytes, ``bool`` and any
     other type; empty names; lone surrogates (not encodable as UTF-8); control characters
-    (Unicode category ``Cc``: tabs, newlines, NUL, ...); names over :data:`MAX_NAME_LENGTH`
-    characters.
+    (Unicode category ``Cc``: tabs, newlines, NUL, ...); invisible characters (line and
+    paragraph separators, format characters such as bidirectional overrides, the byte-order
+    mark and zero-width spaces), except the zero-width joiners that scripts and emoji need
+    (:func:`_invisible`); names over :data:`MAX_NAME_LENGTH` characters.
     """
     if isinstance(value, str):
         text = value
@@ -49,7 +51,39 @@ def class_name(value, where: str) -> str:
     if bad is not None:
         raise ValueError(f"{where}: the class name {text[:40]!a} holds a control character "
                          f"({bad!a})")
+    bad = _invisible(text)
+    if bad is not None:
+        raise ValueError(f"{where}: the class name {text[:40]!a} holds an invisible "
+                         f"character (U+{ord(bad):04X} {unicodedata.name(bad, '')}), so it "
+                         "could not be told apart from another name")
     if len(text) > MAX_NAME_LENGTH:
         raise ValueError(f"{where}: the class name is {len(text)} characters long (at most "
                          f"{MAX_NAME_LENGTH}): {text[:40]!r}...")
     return text
+
+
+#: Zero-width non-joiner and joiner: part of the spelling of words in some scripts and of emoji
+_JOINERS = frozenset("\u200c\u200d")
+
+
+def _invisible(text: str) -> str | None:
+    """The first character of ``text`` that shows nothing (Unicode categories ``Zl``, ``Zp``,
+    ``Cf``), or None. A joiner is allowed where it changes how text renders, as in identifiers
+    (Unicode UAX #31): after a virama, between two letters of a script other than Latin, Greek
+    and Cyrillic, and between emoji."""
+    for i, c in enumerate(text):
+        if unicodedata.category(c) not in ("Zl", "Zp", "Cf"):
+            continue
+        before, after = text[i - 1] if i else "", text[i + 1] if i + 1 < len(text) else ""
+        if c not in _JOINERS or not before or not after or not _joins(before, after):
+            return c
+    return None
+
+
+def _joins(before: str, after: str) -> bool:
+    if unicodedata.combining(before) == 9:  # a virama: the joiner picks the conjunct's form
+        return True
+    if all(unicodedata.category(x).startswith("L") and ord(x) >= 0x0590 for x in (before, after)):
+        return True
+    emoji = ("So", "Sk", "Mn")  # symbols, modifiers, the emoji variation selector
+    return unicodedata.category(before) in emoji and unicodedata.category(after) == "So"
