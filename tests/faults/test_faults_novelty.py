@@ -141,3 +141,16 @@ def test_a_model_whose_calibration_holds_nan_novelty_is_refused_naming_the_file(
     with pytest.raises(CorruptFileError, match="novelty score of record 0 is NaN") as raised:
         Learner.load(tmp_path / "model")
     assert raised.value.path == path
+
+
+def test_a_vectors_model_refuses_a_vector_whose_novelty_overflows_instead_of_calling_it_known():
+    # the vectors modality passes float64 vectors through unchanged: a finite vector 1e306
+    # times the data's scale scored NaN novelty, and NaN < threshold is False: "known"
+    X, y = three_classes(n=300)
+    learner = Learner("vectors", head="lda")  # linear class scores: finite for this vector
+    learner.learn(X.numpy(), [f"c{int(c)}" for c in y])
+    Q = overflowing(X).numpy()
+    assert learner.predict(Q[[0, 1, 3]], reject=True)[0].novelty is not None
+    with pytest.raises(ValueError, match="LDA: the novelty scores of sample 2 are NaN or inf"):
+        learner.predict(Q, reject=True)
+    assert len(learner.predict(Q)) == 4  # without rejection LDA's class scores still answer

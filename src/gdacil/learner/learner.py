@@ -372,7 +372,10 @@ class Learner:
     @property
     def precision(self) -> str:
         """The precision the backbone's forward passes run in here: the model's
-        ``config.precision`` (or this process's override), "auto" resolved for its device."""
+        ``config.precision`` (or this process's override), "auto" resolved for its device;
+        "fp32" for a vectors model, which runs no forward pass (its vectors stay float64)."""
+        if self.modality == "vector":
+            return "fp32"
         if self._backbone is not None:
             return self._backbone.precision
         device = self.device or self.config.backbone_options.get("device")
