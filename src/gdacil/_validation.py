@@ -112,8 +112,9 @@ def as_features(
 
     Raises ``ValueError`` naming the problem: wrong number of dimensions, wrong feature dimension,
     an empty batch, NaN/inf values (with the index of the first offending row), or a conversion
-    that would lose information: complex values (the imaginary part), integers beyond ``2**53``
-    (not exact in float64), values beyond the range of ``dtype`` (they would become inf).
+    that would lose information: complex values (the imaginary part), integers that float64
+    would round (:func:`check_exact_integers`, naming the sample and feature), values beyond the
+    range of ``dtype`` (they would become inf).
     """
     if not isinstance(X, torch.Tensor):
         X = np.asarray(X)
@@ -127,11 +128,7 @@ def as_features(
     if X.ndim != 2:
         raise ValueError(f"{name} must be a 2-D array (n_samples, dim); got shape {tuple(X.shape)}")
     if not X.is_floating_point():
-        if X.dtype != torch.bool and X.numel():
-            lo, hi = (int(v) for v in _integer_range(X))
-            if max(-lo, hi) > _EXACT_FLOAT64_INT:
-                raise ValueError(f"{name}: integer values up to {max(-lo, hi)} are not exact in "
-                                 f"float64 (beyond 2**53); convert them to floats yourself")
+        check_exact_integers(X, name)
         X = X.to(torch.float64)
     if dim is not None and X.shape[1] != dim:
         raise ValueError(f"{name} have dimension {X.shape[1]}, expected {dim}")
@@ -150,12 +147,43 @@ def as_features(
     return out
 
 
-def _integer_range(X: torch.Tensor) -> tuple[int, int]:
-    """``(min, max)`` of an integer tensor (unsigned 64-bit ones through numpy)."""
-    if X.dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8):
+def check_exact_integers(X, name: str = "features") -> None:
+    """Refuse integer features ``X`` ``(n, d)`` (a torch tensor or numpy array) that float64
+    would round: beyond ``2**53`` not every integer is a float64 (``2**53 + 1`` would become
+    ``2**53``, two different inputs one). A ``ValueError`` names the first such sample and
+    feature; integers that float64 holds exactly (``2**60``) pass.
+
+    >>> check_exact_integers(np.array([[1, 2**60], [3, -(2**53) - 1]]))
+    Traceback (most recent call last):
+    ...
+    ValueError: features: sample 1, feature 1: the integer -9007199254740993 is not exact in float64 (it would become -9007199254740992.0); convert the features to floats yourself if rounding them is intended
+    """
+    if isinstance(X, torch.Tensor):
+        integers = not (X.dtype == torch.bool or X.is_floating_point() or X.is_complex())
+    else:
+        integers = X.dtype.kind in "iu"
+    if not integers or 0 in X.shape:
+        return
+    lo, hi = _integer_range(X)
+    if max(-lo, hi) <= _EXACT_FLOAT64_INT:  # every integer up to 2**53 is a float64
+        return
+    exact = (X.cpu().numpy() if isinstance(X, torch.Tensor) else X).astype(object)  # Python ints
+    rounded = np.frompyfunc(lambda v: float(v) != v, 1, 1)(exact).astype(bool)  # exact compare
+    if rounded.any():
+        i, j = (int(k) for k in np.argwhere(rounded.reshape(X.shape[0], -1))[0])
+        value = exact.reshape(X.shape[0], -1)[i, j]
+        raise ValueError(f"{name}: sample {i}, feature {j}: the integer {value} is not exact in "
+                         f"float64 (it would become {float(value)!r}); convert the features to "
+                         "floats yourself if rounding them is intended")
+
+
+def _integer_range(X) -> tuple[int, int]:
+    """``(min, max)`` of an integer tensor or array (unsigned 64-bit tensors through numpy)."""
+    if isinstance(X, torch.Tensor) and X.dtype in (torch.int8, torch.int16, torch.int32,
+                                                   torch.int64, torch.uint8):
         lo, hi = torch.aminmax(X)
         return int(lo), int(hi)
-    arr = X.cpu().numpy()
+    arr = X.cpu().numpy() if isinstance(X, torch.Tensor) else X
     return int(arr.min()), int(arr.max())
 
 

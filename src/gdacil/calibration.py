@@ -60,7 +60,7 @@ from typing import ClassVar
 
 import torch
 
-from ._validation import check_fraction
+from ._validation import all_finite, check_fraction, first_nonfinite
 from .novelty import DISTANCE_DEFAULT, check_method
 from .state import Stateful
 
@@ -300,6 +300,7 @@ class Calibration(Stateful):
         self.scored_by_ = classes.amax(1).clone()
         self.labels_ = labels
         self.novelty_ = novelty.to(torch.float64).cpu().reshape(-1)
+        self._check_novelty("calibration records")
         self.method_ = check_method(method)
         if previous is not None and previous.method_ == self.method_:
             self._prepend(previous, max(0, int(max_records) - self.n_records))
@@ -387,7 +388,16 @@ class Calibration(Stateful):
             self.scored_by_ = torch.full_like(self.labels_, torch.iinfo(torch.int64).max)
         if "method_" not in self.__dict__ and "labels_" in self.__dict__:
             self.method_ = DISTANCE_DEFAULT  # every head's default before others existed
+        if isinstance(self.__dict__.get("novelty_"), torch.Tensor):
+            self._check_novelty(source)
         return self
+
+    def _check_novelty(self, source: str) -> None:
+        """Refuse records whose novelty score is NaN or inf: a threshold taken from them
+        would compare as "not below" with every score, calling every input known."""
+        if not all_finite(self.novelty_.to(torch.float64)):
+            raise ValueError(f"{source}: the novelty score of record "
+                             f"{first_nonfinite(self.novelty_)} is NaN or inf")
 
     @property
     def n_records(self) -> int:

@@ -29,7 +29,9 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "atomic_write_with",
+    "entries_of",
     "load_tensors",
+    "read_json",
     "remove_stale_temp_files",
     "save_tensors",
     "tensors_checksum",
@@ -59,6 +61,40 @@ class CorruptFileError(ValueError):
         self.advice = advice if advice is not None else (
             "Delete the file (or restore a good copy) and rerun whatever wrote it.")
         super().__init__(f"{self.path}: {problem}. {self.advice}")
+
+
+def read_json(path: str | os.PathLike, advice: str | None = None, *,
+              allow_nan: bool = False):
+    """The JSON value stored in ``path``, parsed strictly: a file that is not UTF-8, not JSON,
+    nested beyond Python's recursion limit or (unless ``allow_nan``) holding ``NaN`` or
+    ``Infinity``, which JSON does not define and gdacil's checksums refuse, raises
+    :class:`CorruptFileError` naming ``path`` (with ``advice``). ``FileNotFoundError`` is
+    left to the caller."""
+    path = Path(path)
+    data = path.read_bytes()
+    try:
+        return json.loads(data.decode("utf-8"),
+                          parse_constant=None if allow_nan else _no_constant)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+        problem = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise CorruptFileError(path, f"not valid JSON ({problem})", advice) from None
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+@contextlib.contextmanager
+def entries_of(path: str | os.PathLike, advice: str | None = None):
+    """While the parsed content of ``path`` is read inside this block, an entry that is missing
+    (``KeyError``) or of another type than expected (``TypeError``, ``AttributeError``,
+    ``IndexError``) raises :class:`CorruptFileError` naming ``path`` and the entry, not a
+    bare ``KeyError`` that names no file (a file edited and its checksum recomputed)."""
+    try:
+        yield
+    except (KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise CorruptFileError(path, f"lacks or mistypes an entry ({type(exc).__name__}: "
+                                     f"{exc})", advice) from None
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:

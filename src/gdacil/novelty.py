@@ -167,6 +167,13 @@ def to_typical_norm(X: torch.Tensor, typical_norm: torch.Tensor | float) -> torc
     return X * torch.nan_to_num(ratio, nan=1.0).clamp(1.0 / NORM_BAND, NORM_BAND)
 
 
+def _unit_exponent(X: torch.Tensor) -> torch.Tensor:
+    """Each row of ``X`` scaled by the power of two that brings its largest magnitude into
+    ``[0.5, 1)``: exact, so a direction is unchanged, and its norm cannot overflow."""
+    _, exponent = torch.frexp(X.abs().amax(1, keepdim=True))
+    return torch.ldexp(X, -exponent)
+
+
 def logit_score(scores: torch.Tensor, method: str) -> torch.Tensor:
     """``"msp"`` or ``"energy"`` of class scores ``(n, C)`` that are log-posteriors up to a
     per-sample constant (``"energy"`` depends on that constant: it is the head's own)."""
@@ -284,7 +291,7 @@ class ClassNovelty:
         if method in TYPICAL_NORM_SCORES:
             X = self.at_typical_norm(X)
         if method == "cosine":
-            U = torch.nn.functional.normalize(X - self.raw_center_, dim=1)
+            U = torch.nn.functional.normalize(_unit_exponent(X - self.raw_center_), dim=1)
             best = torch.stack([(U @ self.directions_[b].T).amax(1) for b in self._blocks()], 1)
             return best.amax(1).to(torch.float64)
         Z = X @ self.whitener_.T

@@ -135,7 +135,9 @@ saw the classes may number otherwise (see above).
 Errors
 ------
 Input is validated by scikit-learn's ``validate_data``: NaN or inf, a wrong number of dimensions
-or features, empty input, and continuous targets raise ``ValueError``; using an estimator before
+or features, empty input, and continuous targets raise ``ValueError``, and so do integer features
+beyond ``2**53`` (float64 would round them: two different inputs could become one), naming the
+sample and the feature; using an estimator before
 ``fit`` raises ``sklearn.exceptions.NotFittedError``. Parameters and class counts are checked
 before anything changes: a ``partial_fit`` that fails these checks leaves the estimator as it was
 (``fit`` starts from scratch, so a failed ``fit`` leaves it unfitted). Building or solving the
@@ -170,7 +172,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._deprecation import renamed_parameters
 from ._params import parameter_names
-from ._validation import as_dtype
+from ._validation import as_dtype, check_exact_integers
 from .heads import ACIL, LDA, LRRGDA, NCM, QDA, RBFLDA, RGDA, FeCAM, RanPAC
 from .heads.base import warn_unless_normalised
 from .heads.ridge import RidgeHead
@@ -283,6 +285,18 @@ def _fill_docstring(cls) -> None:
     attributes = f"    Attributes\n    ----------\n{_SHARED_ATTRIBUTES}\n{cls._STATE_DOC}\n\n"
     cls.__doc__ = (cls.__doc__.replace("    {shared_parameters}", shared)
                    .replace("    Examples\n", f"{attributes}    Examples\n", 1))
+
+
+def _validated(estimator, X, y="no_validation", *, reset: bool):
+    """``validate_data`` of ``X`` (and ``y``, when given) as float64 or float32, refusing
+    integer features that float64 would round (:func:`gdacil._validation.check_exact_integers`)
+    where scikit-learn would convert them silently."""
+    out = validate_data(estimator, X, y, reset=reset, dtype="numeric")
+    features = out[0] if isinstance(out, tuple) else out
+    if features.dtype not in _FLOAT_DTYPES:
+        check_exact_integers(features, "X")
+        features = features.astype(np.float64)
+    return (features, out[1]) if isinstance(out, tuple) else features
 
 
 def _as_tensor(X: np.ndarray) -> torch.Tensor:
@@ -421,7 +435,7 @@ class _GaussianClassifier(ClassifierMixin, BaseEstimator):
         if reset:  # fit starts from scratch: a failed fit leaves the estimator unfitted
             for name in _FITTED_STATE:
                 self.__dict__.pop(name, None)
-        X, y = validate_data(self, X, y, reset=reset, dtype=_FLOAT_DTYPES)
+        X, y = _validated(self, X, y, reset=reset)
         check_classification_targets(y)
         if classes is not None:
             unlisted = np.setdiff1d(y, np.asarray(classes))
@@ -616,7 +630,7 @@ class _GaussianClassifier(ClassifierMixin, BaseEstimator):
     # ------------------------------------------------------------- prediction
     def _validate_for_prediction(self, X) -> torch.Tensor:
         check_is_fitted(self)
-        return _as_tensor(validate_data(self, X, reset=False, dtype=_FLOAT_DTYPES))
+        return _as_tensor(_validated(self, X, reset=False))
 
     def _head_output(self, method: str, X, then=None) -> np.ndarray:
         """The head's ``method`` on ``X`` (then ``then`` of it), columns in ``classes_`` order."""

@@ -43,7 +43,8 @@ import torch
 from ._validation import as_dtype, dtype_name
 from .io import load_tensors, save_tensors
 
-__all__ = ["State", "Stateful", "json_params", "load_state", "nest", "part", "save_state"]
+__all__ = ["State", "Stateful", "json_params", "load_state", "nest", "part", "restore",
+           "save_state"]
 
 #: ``(tensors, metadata)``: what ``state_dict`` returns and ``load_state_dict`` takes
 State = tuple[dict[str, torch.Tensor], dict]
@@ -61,6 +62,21 @@ def load_state(path: str | os.PathLike) -> State:
     """Read a state written by :func:`save_state`, verifying its checksum (``FileNotFoundError``
     or :class:`~gdacil.io.CorruptFileError` naming the file)."""
     return load_tensors(path)
+
+
+def restore(obj, path: str | os.PathLike, *, kind: str = "file"):
+    """``obj.load_state_dict`` of the state :func:`load_state` reads from ``path``: every error
+    of a file that holds another object's state, or one whose entries are missing or mistyped
+    (edited, with its checksum recomputed), is a ``ValueError`` naming ``path``."""
+    return _restored(obj, load_state(path), str(path), kind)
+
+
+def _restored(obj, state: State, source: str, kind: str):
+    try:
+        return obj.load_state_dict(*state, source=source)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{source}: not a valid {type(obj).__name__} {kind} (lacks or "
+                         f"mistypes {exc})") from None
 
 
 def nest(parts: Mapping[str, State]) -> State:
@@ -187,7 +203,7 @@ class Stateful:
     def from_state(cls, state: State, *, source: str = "state", kind: str = "state"):
         """An object built from the parameters ``state`` records (``"params"``), with that
         state; a ``ValueError`` naming ``source`` when it is another kind of object's."""
-        tensors, metadata = state
+        metadata = state[1]
         target = cls._state_class(metadata)
         if target is None:
             found = metadata.get("format", metadata.get("class"))
@@ -199,11 +215,7 @@ class Stateful:
             obj = target(**params)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{source}: not a valid {target.__name__} {kind} ({exc})") from None
-        try:
-            return obj.load_state_dict(tensors, metadata, source=source)
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"{source}: not a valid {target.__name__} {kind} (lacks or "
-                             f"mistypes {exc})") from None
+        return _restored(obj, state, source, kind)
 
     @classmethod
     def _state_class(cls, metadata: Mapping) -> type | None:

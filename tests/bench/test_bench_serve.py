@@ -35,7 +35,23 @@ def test_quick_run_writes_results_for_every_scenario(tmp_path, capsys):
         assert 0 < row["light_p50_ms"] <= row["light_p99_ms"] <= row["light_max_ms"]
         assert row["heavy_requests"] >= (row["heavy"] != "none")
         assert row["heavy_errors"] == []
+    # the default model (auto) and every other precision, on the same inputs
+    from gdacil.backbones.base import resolve_precision
+
+    default = resolve_precision("auto", None)
+    assert model["default_precision"] == default
+    assert set(model["precisions"]) == {"fp32", "bf16"}
+    assert model["precisions"][default]["serve"] == model["serve"]
+    for precision, found in model["precisions"].items():
+        assert found["runs"] == precision and found["predict"]["predict_s"] > 0
+        assert [r["scenario"] for r in found["serve"]] == [s[0] for s in SCENARIOS]
+        assert all(r["errors"] == 0 for r in found["serve"])
+        assert 0 <= found["accuracy"] <= 1
+    assert model["precisions"]["fp32"]["top1_agreement_with_fp32"] == 1.0
+    assert 0 <= model["precisions"]["bf16"]["top1_agreement_with_fp32"] <= 1
     text = (tmp_path / "serve.md").read_text()
+    assert "## fp32 and bf16 on the same inputs" in text
+    assert "| tiny-vit | single | " in text.split("## fp32 and bf16")[1]
     assert "## A heavy client beside 3 light ones (2 s each)" in text
     assert "| tiny-vit | 256 images |" in text
     assert "| tiny-vit | single x8 clients | 8 | 1 |" in text

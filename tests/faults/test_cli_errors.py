@@ -133,7 +133,10 @@ def test_user_errors_of_every_kind_exit_2(capsys, monkeypatch):
 def test_ctrl_c_during_learn_exits_130_saying_nothing_was_saved(tmp_path):
     image_folder(tmp_path / "photos", ["red", "green"], 2)
     script = textwrap.dedent(f"""
-        import sys, time
+        import signal, sys, time
+        # as a terminal starts a command: a background job of a non-interactive shell (nohup
+        # ... &, CI runners) inherits SIGINT ignored, and a test run as one would hang
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         sys.path.insert(0, {SRC!r})
         from gdacil.learner import Learner
         from gdacil.cli import main

@@ -432,21 +432,23 @@ class Strategy:
         tensors = {f"moments/{name}": t for name, t in self.moments_.items()}
         return tensors, {"format": _STATE_FORMAT, "config": self.config.to_dict()}
 
-    def load_state_dict(self, tensors: dict[str, torch.Tensor], metadata: dict) -> None:
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], metadata: dict, *,
+                        source: str = "the state") -> None:
         """Restore what :meth:`state_dict` returned; the saved config must equal this
-        strategy's (``ValueError`` naming the differences otherwise)."""
+        strategy's (``ValueError`` naming ``source`` and the differences otherwise)."""
         if self._task is not None:
             raise RuntimeError(f"task {self._task.index} is open; load before begin_task")
         if metadata.get("format") != _STATE_FORMAT:
-            raise ValueError(f"unsupported strategy state format {metadata.get('format')!r}")
+            raise ValueError(f"{source}: unsupported strategy state format "
+                             f"{metadata.get('format')!r}")
         saved, mine = metadata.get("config"), self.config.to_dict()
         if json.dumps(saved, sort_keys=True) != json.dumps(mine, sort_keys=True):
             diff = sorted(k for k in set(saved or {}) | set(mine)
                           if (saved or {}).get(k) != mine.get(k))
-            raise ValueError(f"the saved strategy state belongs to another config "
+            raise ValueError(f"{source}: the saved strategy state belongs to another config "
                              f"(differs in {diff}); build the strategy from the saved config")
         unknown = sorted(k for k in tensors if not k.startswith("moments/"))
         if unknown:
-            raise ValueError(f"unexpected tensors in a strategy state: {unknown}")
+            raise ValueError(f"{source}: unexpected tensors in a strategy state: {unknown}")
         self.moments_ = {k.removeprefix("moments/"): t.to("cpu", torch.float32)
                          for k, t in tensors.items()}

@@ -147,6 +147,10 @@ def check_backbone_options(name: str, options) -> None:
 def build_backbone(name: str, /, **config) -> Backbone:
     """Build the backbone registered as ``name`` with keyword ``config``.
 
-    Raises ``KeyError``/``ValueError`` (``UnknownNameError``) listing the known names.
+    Raises ``KeyError``/``ValueError`` (``UnknownNameError``) listing the known names, and a
+    ``ValueError`` naming the backbone for an option of the wrong type.
     """
-    return BACKBONES.build(name, **config)
+    try:
+        return BACKBONES.build(name, **config)
+    except TypeError as exc:  # an option of the wrong type (check_backbone_options: the names)
+        raise ValueError(f"the options of backbone {name!r}: {exc}") from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +13,7 @@ import torch
 from torch import nn
 
 from .._hardware import native_bfloat16
-from .._validation import as_device
+from .._validation import as_device, check_choice
 from ..hashing import sha256_json, sha256_tensors
 from .blocks import BlockLinears, find_blocks
 from .preprocess import ImagePreprocess
@@ -113,6 +114,54 @@ def resolve_precision(precision: str, device) -> str:
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; known: auto, {', '.join(PRECISIONS)}")
     return precision
+
+
+def check_precision(precision, strategy: str) -> str:
+    """``precision`` if it is "auto" or one of :data:`PRECISIONS` and can run ``strategy`` (the
+    name of the Stage-1 strategy: fp16 has no loss scaling, so it cannot train); else a
+    ``ValueError`` saying why."""
+    check_choice(precision, "precision", ("auto", *PRECISIONS))
+    if precision == "fp16" and strategy != "frozen":
+        raise ValueError("fp16 cannot train the backbone (no loss scaling): use bf16 with "
+                         f"strategy {strategy!r}, or fp16 with frozen")
+    return precision
+
+
+class KeptCasts:
+    """Keeps a backbone's low-precision weight casts from one forward to the next, in the
+    thread that calls :meth:`keep` (a prediction worker's).
+
+    Under ``torch.autocast`` every forward casts the float32 weights again, and the casts are
+    dropped when the outermost autocast context exits: MiniLM on one input took 28 ms in bf16
+    against 7 ms in fp32, 5.5 ms of it with the casts kept. :meth:`keep` holds one outer
+    autocast context, disabled (nothing runs in low precision outside :meth:`Backbone.autocast`),
+    so the casts of every forward in this thread stay cached until :meth:`release` or the next
+    backbone. A weight changed in place while they are kept is not seen: only a thread that
+    never trains (and whose backbone nobody changes) may keep them. The casts are those
+    autocast makes, so the features are the same bits.
+    """
+
+    def __init__(self):
+        self._held: tuple[Backbone, int, object] | None = None
+
+    def keep(self, backbone: Backbone) -> None:
+        """Keep ``backbone``'s casts in this thread from now on (those kept before are freed)."""
+        thread = threading.get_ident()
+        if self._held is not None and self._held[:2] == (backbone, thread):
+            return
+        self.release()
+        if backbone.precision == "fp32":
+            return
+        context = torch.autocast(backbone.device.type, enabled=False)
+        context.__enter__()
+        self._held = (backbone, thread, context)
+
+    def release(self) -> None:
+        """Drop the kept casts. Only the thread that kept them can exit their context; one
+        that has ended took them with it."""
+        if self._held is not None and self._held[1] == threading.get_ident():
+            self._held[2].__exit__(None, None, None)
+        self._held = None
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -76,6 +77,10 @@ class HFOrigin:
                 "pass either source (pretrained weights) or config (random init), not both"
             )
         if config is not None:
+            if not isinstance(config, Mapping):  # a TypeError: the option's type is wrong
+                raise TypeError(f"the option config must be a mapping of transformers config "
+                                f"values (JSON such as config='{{\"hidden_size\": 16}}'); got "
+                                f"{config!r}")
             return cls(None, dict(config), revision, seed)
         return cls(source or default, None, revision, seed)
 

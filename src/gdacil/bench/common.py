@@ -41,14 +41,30 @@ def best_times(fns: dict, *, repeats: int = 3, warmup: int = 1) -> dict:
 
 
 def machine_info() -> dict:
+    from .._hardware import native_bfloat16
+
     return {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        "cpu_model": _cpu_model(),
+        "native_bfloat16": native_bfloat16("cpu"),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
+
+
+def _cpu_model() -> str | None:
+    """The CPU's model name (Linux: ``/proc/cpuinfo``), or None where it is not found."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return None
 
 
 def gemm_rate(dtype: torch.dtype = torch.float32, *, shapes=((2048, 2048, 2048), (1024, 768, 16384)),

@@ -22,6 +22,14 @@ random ViT with ``--quick``), a :class:`gdacil.Learner` learns ``classes`` class
   (``MIN_REJECT_RATE``) and at 1e-300, and a body of nested lists at the separator limit
   (``MAX_JSON_SEPARATORS``: parsed, then refused). Reported: the light clients' p50, p99 and
   slowest latency with and without the heavy client, and what the heavy client got through.
+* **fp32 and bf16.** The model as it is made by default (``precision: auto``: bf16 where the
+  machine computes bfloat16 natively, fp32 elsewhere) runs every part above; the same model made
+  at each other precision of ``precisions`` learns the same samples and runs the predict and
+  serve parts on the same inputs, side by side: predict in the same interleaved rounds, and
+  each serve scenario against every precision's server in turn, ``serve_rounds`` times (the
+  round with the most requests per second is kept), so that a shared machine's load falls on
+  both. Reported per precision: Learner.predict's time, every serve scenario's throughput and
+  p99, and the top-1 answers' agreement with fp32 and their accuracy on the held-out inputs.
 
 Everything runs with ``--threads`` torch threads. Regenerate with
 ``python -m gdacil bench serve --out benchmarks --overwrite`` (writes ``serve.json`` and
@@ -32,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import http.client
 import io
 import json
@@ -77,6 +86,8 @@ class ServeBenchConfig:
     light: int = 15               # light clients beside the heavy one (16 clients in all)
     seconds: float = 20.0         # per heavy-client scenario
     megapixels: float = 40.0      # the heavy client's large image
+    precisions: tuple = ("fp32", "bf16")  # besides the default ("auto"), on the same inputs
+    serve_rounds: int = 2         # interleaved rounds of each serve scenario per precision
 
 
 FULL = ServeBenchConfig(models={
@@ -88,7 +99,7 @@ QUICK = ServeBenchConfig(
     models={"tiny-vit": ServeModel("vit", {"config": TINY_VIT}, "image", 8,
                                    "randomly initialised 2-layer ViT, 32 px")},
     classes=4, per_class=4, requests=5, repeats=1, light=3, seconds=2.0,
-    megapixels=2.0)
+    megapixels=2.0, serve_rounds=1)
 
 #: (scenario name, clients, inputs per request; 0 means the model's batch)
 SCENARIOS = (("single", 1, 1), ("single x8 clients", 8, 1), ("batch", 1, 0),
@@ -122,31 +133,37 @@ def _payload(raws: list, modality: str) -> list[str]:
     return out
 
 
-def measure_predict(learner, raws: list, batch: int, repeats: int) -> dict:
-    bb, head = learner.backbone, learner.head
+def measure_predict(learners: dict, raws: list, batch: int, repeats: int) -> dict:
+    """For each learner (by precision): Learner.predict on a batch against the bare model,
+    every function of every learner timed in the same interleaved rounds."""
     inputs = raws[:batch]
-    ready = bb.prepare(inputs, batch_size=batch).batches[0]
+    fns = {}
+    for key, learner in learners.items():
+        bb, head = learner.backbone, learner.head
+        ready = bb.prepare(inputs, batch_size=batch).batches[0]
 
-    def bare():
-        with torch.no_grad():
-            return head.decision_function(bb.forward(ready))
+        def bare(bb=bb, head=head, ready=ready):
+            with torch.no_grad(), bb.autocast():  # the backbone's precision, as predict runs
+                return head.decision_function(bb.forward(ready))
 
-    def preprocess_and_bare():
-        with torch.no_grad():
-            prepared = bb.prepare(inputs, batch_size=batch).batches[0]
-            return head.decision_function(bb.forward(prepared))
+        def preprocess_and_bare(bb=bb, head=head):
+            with torch.no_grad(), bb.autocast():
+                prepared = bb.prepare(inputs, batch_size=batch).batches[0]
+                return head.decision_function(bb.forward(prepared))
 
-    def predict():
-        return learner.predict(inputs)
-
-    bare(), predict()  # warm-up
-    timed = _rounds({"bare": bare, "preprocess_and_bare": preprocess_and_bare,
-                     "predict": predict}, repeats, long_pass_s=60)
-    bare_s, with_pre_s, predict_s = (timed[k][0] for k in ("bare", "preprocess_and_bare",
-                                                            "predict"))
-    return {"batch": len(inputs), "bare_s": bare_s, "preprocess_and_bare_s": with_pre_s,
-            "predict_s": predict_s, "fraction": bare_s / predict_s,
-            "fraction_with_preprocessing": with_pre_s / predict_s}
+        fns.update({(key, "bare"): bare, (key, "preprocess_and_bare"): preprocess_and_bare,
+                    (key, "predict"): lambda learner=learner: learner.predict(inputs)})
+    for fn in fns.values():  # warm-up
+        fn()
+    timed = _rounds(fns, repeats, long_pass_s=60)
+    out = {}
+    for key in learners:
+        bare_s, with_pre_s, predict_s = (timed[key, k][0] for k in
+                                         ("bare", "preprocess_and_bare", "predict"))
+        out[key] = {"batch": len(inputs), "bare_s": bare_s, "preprocess_and_bare_s": with_pre_s,
+                    "predict_s": predict_s, "fraction": bare_s / predict_s,
+                    "fraction_with_preprocessing": with_pre_s / predict_s}
+    return out
 
 
 def _hostile_bodies(payload: list[str]) -> dict[str, bytes]:
@@ -256,8 +273,10 @@ def measure_heavy(port: int, payload: list[str], heavy: dict[str, bytes],
     return rows
 
 
-def measure_serve(directory: Path, payload: list[str], batch: int, cfg: ServeBenchConfig,
-                  log) -> tuple[list[dict], list[dict]]:
+@contextlib.contextmanager
+def _served(directory: Path, batch: int):
+    """``(service, port)``: ``gdacil serve``'s application on a free local port, in this
+    process, until the block ends."""
     import uvicorn
 
     from ..learner.serve import ModelService, create_app
@@ -269,47 +288,66 @@ def measure_serve(directory: Path, payload: list[str], batch: int, cfg: ServeBen
     thread.start()
     while not server.started:
         time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    rows = []
     try:
-        for name, clients, size in SCENARIOS:
-            size = size or batch
-            bodies = [[json.dumps({"inputs": [payload[(c * 7 + r * size + i) % len(payload)]
-                                              for i in range(size)]}).encode()
-                       for r in range(cfg.requests + 1)] for c in range(clients)]
-            latencies: list[float] = []
-            errors: list[int] = []
-            workers = [threading.Thread(target=_loop, args=(port, b, None, latencies, errors))
-                       for b in bodies]
-            start = time.perf_counter()
-            for w in workers:
-                w.start()
-            for w in workers:
-                w.join()
-            wall = time.perf_counter() - start
-            n = clients * (cfg.requests + 1)
-            row = {"scenario": name, "clients": clients, "inputs_per_request": size,
-                   "requests": n, "errors": len(errors), "requests_per_s": n / wall,
-                   "inputs_per_s": n * size / wall,
-                   "p50_ms": 1e3 * float(np.percentile(latencies, 50)),
-                   "p99_ms": 1e3 * float(np.percentile(latencies, 99))}
-            log(f"  serve {name}: {row['requests_per_s']:.1f} req/s, "
-                f"{row['inputs_per_s']:.1f} inputs/s, p50 {row['p50_ms']:.0f} ms, "
-                f"p99 {row['p99_ms']:.0f} ms")
-            rows.append(row)
-        max_chars = service.info()["server"]["max_text_chars"]
-        heavy = _heavy_bodies(service.learner.modality, payload, max_chars, service.max_inputs,
-                              cfg.megapixels)
-        heavy_rows = measure_heavy(port, payload, heavy, cfg, log)
+        yield service, server.servers[0].sockets[0].getsockname()[1]
     finally:
         server.should_exit = True
         thread.join(60)
-    return rows, heavy_rows
+
+
+def measure_scenario(port: int, payload: list[str], scenario: tuple, batch: int,
+                     cfg: ServeBenchConfig) -> dict:
+    """One pass of ``scenario`` (name, clients, inputs per request; 0: ``batch``)."""
+    name, clients, size = scenario
+    size = size or batch
+    bodies = [[json.dumps({"inputs": [payload[(c * 7 + r * size + i) % len(payload)]
+                                      for i in range(size)]}).encode()
+               for r in range(cfg.requests + 1)] for c in range(clients)]
+    latencies: list[float] = []
+    errors: list[int] = []
+    workers = [threading.Thread(target=_loop, args=(port, b, None, latencies, errors))
+               for b in bodies]
+    start = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    wall = time.perf_counter() - start
+    n = clients * (cfg.requests + 1)
+    return {"scenario": name, "clients": clients, "inputs_per_request": size, "requests": n,
+            "errors": len(errors), "requests_per_s": n / wall, "inputs_per_s": n * size / wall,
+            "p50_ms": 1e3 * float(np.percentile(latencies, 50)),
+            "p99_ms": 1e3 * float(np.percentile(latencies, 99))}
+
+
+def measure_serve(ports: dict, payload: list[str], batch: int, cfg: ServeBenchConfig,
+                  log) -> dict[str, list[dict]]:
+    """Every scenario against every server (by precision), interleaved: ``cfg.serve_rounds``
+    rounds, each running the scenario once against each server; the round with the most
+    requests per second is kept (its p50 and p99 with it), for each server."""
+    rows: dict[str, list[dict]] = {key: [] for key in ports}
+    for scenario in SCENARIOS:
+        best: dict[str, dict] = {}
+        for _ in range(max(1, cfg.serve_rounds)):
+            for key, port in ports.items():
+                row = measure_scenario(port, payload, scenario, batch, cfg)
+                if key not in best or row["requests_per_s"] > best[key]["requests_per_s"]:
+                    best[key] = row
+        for key, row in best.items():
+            log(f"  serve {key} {row['scenario']}: {row['requests_per_s']:.1f} req/s, "
+                f"{row['inputs_per_s']:.1f} inputs/s, p50 {row['p50_ms']:.0f} ms, "
+                f"p99 {row['p99_ms']:.0f} ms")
+            rows[key].append(row)
+    return rows
 
 
 def bench_model(name: str, spec: ServeModel, cfg: ServeBenchConfig, log) -> dict:
+    """The default model (``precision: auto``) and the same model made at each other
+    precision of ``cfg.precisions``, on the same samples and inputs, measured side by side."""
+    from ..backbones.base import resolve_precision
     from ..learner import Learner
 
+    default = resolve_precision("auto", None)
     with tempfile.TemporaryDirectory(prefix="gdacil-bench-serve-") as tmp:
         raws, labels, source = _raw_samples(spec, cfg, Path(tmp) / "images")
         seen: dict[str, int] = {}
@@ -318,22 +356,51 @@ def bench_model(name: str, spec: ServeModel, cfg: ServeBenchConfig, log) -> dict
         for k, y in enumerate(labels):  # every other sample of each class is learned
             seen[y] = seen.get(y, 0) + 1
             (learn if seen[y] % 2 else test).append(k)
-        learner = Learner(spec.backbone, backbone_options=spec.options, seed=cfg.seed)
-        start = time.perf_counter()
-        learner.learn([raws[k] for k in learn], [labels[k] for k in learn])
-        learn_s = time.perf_counter() - start
-        learner.save(Path(tmp) / "model")
-        queries = [raws[k] for k in test]
-        predict = measure_predict(learner, queries, spec.batch, cfg.repeats)
-        log(f"{name}: predict {predict['fraction']:.3f} of the bare model at batch "
-            f"{predict['batch']} ({predict['predict_s'] * 1e3:.0f} ms against "
-            f"{predict['bare_s'] * 1e3:.0f} ms; "
-            f"{predict['fraction_with_preprocessing']:.3f} with its preprocessing)")
-        serve, heavy = measure_serve(Path(tmp) / "model", _payload(queries, spec.modality),
-                                     spec.batch, cfg, log)
-    return {"about": spec.about, "source": source, "classes": len(learner.classes),
-            "learned": len(learn), "learn_s": learn_s, "predict": predict, "serve": serve,
-            "heavy": heavy}
+        queries, truth = [raws[k] for k in test], [labels[k] for k in test]
+        made = {default: "auto", **{p: p for p in cfg.precisions if p != default}}
+        learners, runs = {}, {}
+        for key, precision in made.items():
+            learner = Learner(spec.backbone, backbone_options=spec.options, seed=cfg.seed,
+                              precision=precision)
+            start = time.perf_counter()
+            learner.learn([raws[k] for k in learn], [labels[k] for k in learn])
+            learn_s = time.perf_counter() - start
+            learner.save(Path(tmp) / key)
+            answers = [p.classes[0] for p in learner.predict(queries, probabilities=False)]
+            learners[key] = learner
+            runs[key] = {"precision": precision, "runs": learner.precision, "learn_s": learn_s,
+                         "answers": answers}
+        for key, predict in measure_predict(learners, queries, spec.batch, cfg.repeats).items():
+            runs[key]["predict"] = predict
+            log(f"{name} ({made[key]}: {key}): predict {predict['fraction']:.3f} of the bare "
+                f"model at batch {predict['batch']} ({predict['predict_s'] * 1e3:.0f} ms "
+                f"against {predict['bare_s'] * 1e3:.0f} ms; "
+                f"{predict['fraction_with_preprocessing']:.3f} with its preprocessing)")
+        payload = _payload(queries, spec.modality)
+        with contextlib.ExitStack() as stack:
+            served = {key: stack.enter_context(_served(Path(tmp) / key, spec.batch))
+                      for key in made}
+            for key, rows in measure_serve({k: port for k, (_, port) in served.items()},
+                                           payload, spec.batch, cfg, log).items():
+                runs[key]["serve"] = rows
+            service, port = served[default]
+            heavy = _heavy_bodies(service.learner.modality, payload,
+                                  service.info()["server"]["max_text_chars"],
+                                  service.max_inputs, cfg.megapixels)
+            heavy_rows = measure_heavy(port, payload, heavy, cfg, log)
+    reference = runs.get("fp32", runs[default])["answers"]
+    for key, found in runs.items():
+        answers = found.pop("answers")
+        found["top1_agreement_with_fp32"] = float(np.mean([a == b for a, b in
+                                                           zip(answers, reference)]))
+        found["accuracy"] = float(np.mean([a == b for a, b in zip(answers, truth)]))
+        log(f"{name} {key}: top-1 agreement with fp32 {found['top1_agreement_with_fp32']:.4f},"
+            f" accuracy {found['accuracy']:.4f} on {len(truth)} held-out inputs")
+    main = runs[default]
+    return {"about": spec.about, "source": source, "classes": len(set(labels)),
+            "learned": len(learn), "default_precision": default, "learn_s": main["learn_s"],
+            "predict": main["predict"], "serve": main["serve"], "heavy": heavy_rows,
+            "precisions": runs}
 
 
 def run(cfg: ServeBenchConfig, log=print) -> dict:
@@ -368,19 +435,49 @@ def render(payload: dict) -> str:
           f"{r['heavy_p50_ms']:.0f}" if r["heavy_p50_ms"] is not None else "-",
           ", ".join(map(str, r["heavy_errors"])) or ("0" if r["heavy"] != "none" else "-")]
          for name, m in models.items() for r in m.get("heavy", [])])
+    precisions = markdown_table(
+        ["model", "precision", "default here", "learn (s)", "Learner.predict (ms)",
+         "top-1 agreement with fp32", "accuracy"],
+        [[name, p, "yes" if p == m["default_precision"] else "", f"{r['learn_s']:.1f}",
+          f"{r['predict']['predict_s'] * 1e3:.1f}", f"{r['top1_agreement_with_fp32']:.4f}",
+          f"{r['accuracy']:.4f}"]
+         for name, m in models.items() for p, r in m.get("precisions", {}).items()])
+    precision_serve = markdown_table(
+        ["model", "scenario", *(f"{p} {what}" for p in _precisions(models)
+                                for what in ("inputs/s", "p99 ms"))],
+        [[name, row["scenario"], *(value for p in _precisions(models) for value in (
+            f"{m['precisions'][p]['serve'][k]['inputs_per_s']:.1f}",
+            f"{m['precisions'][p]['serve'][k]['p99_ms']:.0f}"))]
+         for name, m in models.items() if "precisions" in m
+         for k, row in enumerate(m["serve"])])
     machine = payload["machine"]
     intro, bullets = __doc__.split("\n\n")[1:3]
     return "\n".join([
         "# The continual classifier's throughput: predict and `gdacil serve`", "",
         " ".join(intro.split()), "",
         *("* " + " ".join(b.removeprefix("* ").split()) for b in bullets.split("\n* ")), "",
-        f"Machine: {machine['processor']}, {machine['cpu_count']} cores, {cfg['threads']} "
+        f"Machine: {machine.get('cpu_model') or machine['processor']}"
+        + (" (native bfloat16)" if machine.get("native_bfloat16") else "")
+        + f", {machine['cpu_count']} cores, {cfg['threads']} "
         f"torch thread(s), torch {machine['torch']}; "
         f"{cfg['classes']} classes; {cfg['requests']} requests per client and scenario.", "",
+        f"Default precision here (``auto``): {_default_precision(models)}.", "",
         "## predict against the bare model", "", predict, "",
         "## gdacil serve", "", serve, "",
         f"## A heavy client beside {cfg['light']} light ones ({cfg['seconds']:g} s each)", "",
-        heavy, ""])
+        heavy, "",
+        "## fp32 and bf16 on the same inputs", "", precisions, "", precision_serve, ""])
+
+
+def _precisions(models: dict) -> list[str]:
+    """The precisions every model ran, in the order of the first."""
+    first = next((m["precisions"] for m in models.values() if "precisions" in m), {})
+    return list(first)
+
+
+def _default_precision(models: dict) -> str:
+    found = {m.get("default_precision", "fp32") for m in models.values()}
+    return ", ".join(sorted(found))
 
 
 def main(argv=None) -> int:

@@ -34,7 +34,7 @@ import torch
 
 from ..hashing import sha256_json
 from ..heads import MappedLinearHead
-from ..io import CorruptFileError, atomic_write_text
+from ..io import CorruptFileError, atomic_write_text, entries_of, read_json
 from ..state import State, load_state, save_state
 from ..stats import ClassStatistics
 from .metrics import TaskEvaluation
@@ -94,8 +94,11 @@ def _eval_to_json(e: TaskEvaluation) -> dict:
 
 
 def _eval_from_json(e: dict) -> TaskEvaluation:
-    return TaskEvaluation(np.asarray(e["y_true"]), np.asarray(e["y_pred"]),
-                          np.asarray(e["task_of_sample"]))
+    arrays = [np.asarray(e[key]) for key in ("y_true", "y_pred", "task_of_sample")]
+    if any(a.ndim != 1 or a.dtype.kind not in "iu" or len(a) != len(arrays[0]) for a in arrays):
+        raise TypeError("an evaluation needs y_true, y_pred and task_of_sample: integer lists "
+                        "of one length")
+    return TaskEvaluation(*arrays)
 
 
 def save_checkpoint(directory: Path, state: SeedState, fingerprint: str) -> None:
@@ -139,10 +142,7 @@ def _state_checksum(payload: dict) -> str:
 def _read_state(path: Path) -> dict:
     """``state.json``, verified against its checksum; :class:`CorruptFileError` if it does not
     parse or match."""
-    try:
-        payload = json.loads(path.read_bytes().decode("utf-8"))
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError: truncated or damaged
-        raise CorruptFileError(path, f"not valid JSON ({exc})", ADVICE) from None
+    payload = read_json(path, ADVICE, allow_nan=True)  # timings may hold NaN
     if not isinstance(payload, dict):
         raise CorruptFileError(path, "not a JSON object", ADVICE)
     if "sha256" in payload:
@@ -179,6 +179,11 @@ def load_checkpoint(directory: Path, fingerprint: str) -> SeedState | None:
     if not path.is_file():
         return None
     payload = _read_state(path)
+    with entries_of(path, ADVICE):  # edited, with its checksum recomputed
+        return _seed_state(directory, path, payload, fingerprint)
+
+
+def _seed_state(directory: Path, path: Path, payload: dict, fingerprint: str) -> SeedState:
     if payload.get("format") != _FORMAT:
         raise ValueError(f"{path}: not a gdacil checkpoint of this version")
     if payload["fingerprint"] != fingerprint:
@@ -186,7 +191,19 @@ def load_checkpoint(directory: Path, fingerprint: str) -> SeedState | None:
             f"{path} was written by a different configuration; refusing to resume from it. "
             "Use another output_dir, or delete the directory to start over."
         )
-    files = payload["files"]
+    files, completed, timings = payload["files"], payload["completed"], payload["timings"]
+    if isinstance(completed, bool) or not isinstance(completed, int) or completed < 1 \
+            or not isinstance(timings, list) or len(timings) != completed \
+            or any(len(v) != completed for v in payload["evaluations"].values()):
+        raise CorruptFileError(path, f"completed ({completed!r}) must be a count of tasks "
+                                     "that its timings and every head's evaluations have",
+                               ADVICE)
+    if not all(isinstance(t, dict) for t in timings + payload["diagnostics"]):
+        raise CorruptFileError(path, "timings and diagnostics must be lists of mappings", ADVICE)
+    names = [*files["tracks"].values(), *files.get("streaming", {}).values(),
+             *(files[kind] for kind in ("backbone", "strategy") if kind in files)]
+    if not all(isinstance(n, str) and Path(n).name == n for n in names):
+        raise CorruptFileError(path, "names a file that is not in its own folder", ADVICE)
     parts = {f"tracks/{label}": _load_file(directory / name, _checked(ClassStatistics))
              for label, name in files["tracks"].items()}
     parts.update({f"streaming/{label}": _load_file(directory / name, _checked(MappedLinearHead))
@@ -195,8 +212,7 @@ def load_checkpoint(directory: Path, fingerprint: str) -> SeedState | None:
                   for kind in ("backbone", "strategy") if kind in files})
     evaluations = {label: [_eval_from_json(e) for e in v]
                    for label, v in payload["evaluations"].items()}
-    return SeedState(payload["completed"], parts, evaluations, payload["timings"],
-                     payload["diagnostics"])
+    return SeedState(completed, parts, evaluations, timings, payload["diagnostics"])
 
 
 def _checked(kind) -> Callable[[Path], State]:

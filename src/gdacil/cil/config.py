@@ -455,13 +455,9 @@ class ExperimentConfig(TypedConfig):
                     raise ConfigError(str(exc)) from None
 
     def _check_precision(self) -> None:
-        from ..backbones.base import PRECISIONS
+        from ..backbones.base import check_precision
 
-        precision = self.backbone.precision
-        check_choice(precision, "precision", ("auto", *PRECISIONS))
-        if precision == "fp16" and self.strategy.name != "frozen":
-            raise ValueError("fp16 cannot train the backbone (no loss scaling): use bf16 with "
-                             f"strategy {self.strategy.name!r}, or fp16 with frozen")
+        check_precision(self.backbone.precision, self.strategy.name)
 
     def build_strategy(self):
         """The Stage-1 :class:`gdacil.adapt.Strategy` of this experiment."""

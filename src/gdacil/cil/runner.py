@@ -37,8 +37,9 @@ import torch
 from .. import distributed
 from ..callbacks import Callback, CallbackList, TensorBoardLogger
 from ..hashing import sha256_json
-from ..io import remove_stale_temp_files
+from ..io import CorruptFileError, remove_stale_temp_files
 from ..stats import ClassGaussians
+from .checkpoint import ADVICE as CHECKPOINT_ADVICE
 from .checkpoint import SeedState, load_checkpoint, save_checkpoint
 from .config import ExperimentConfig, check_output_name, without_reporting_keys
 from .metrics import IncrementalMetrics, TaskEvaluation
@@ -168,6 +169,10 @@ class _SeedRun:
         if state is None:
             state = SeedState(0)
         else:
+            if state.completed > len(self.tasks):
+                raise CorruptFileError(self.dir / "state.json", f"records {state.completed} "
+                                       f"tasks done of the {len(self.tasks)} the run has",
+                                       CHECKPOINT_ADVICE)
             self.model.load_state_parts(state.parts)
         self._warn_uncompensated()
         self.progress.skip(state.completed)
@@ -350,6 +355,9 @@ def run_experiment(cfg: ExperimentConfig, *, resume: bool = False, overwrite: bo
     dict
         The content of ``results.json`` (on every rank).
     """
+    if resume and overwrite:
+        raise ValueError("resume and overwrite exclude each other: --resume continues the "
+                         "run's checkpoints, --overwrite discards them; pass one of them")
     cfg.check_backbone_options()  # an option the backbone does not take: before any work
     out = output_dir(cfg)
     fingerprint = experiment_fingerprint(cfg)

@@ -32,6 +32,7 @@ import torch
 from .._params import Params
 from .._presets import Presets
 from .._validation import (
+    all_finite,
     as_device,
     as_dtype,
     as_features,
@@ -107,17 +108,23 @@ def checked_parameters(owner, dtype: torch.dtype, device, weights: torch.Tensor,
         b = b64.to(dtype).contiguous()
         if bool(finite_flag(b)):
             return w, b
-    raise ValueError(
-        f"{name}: the head's parameters overflow {dtype} (its largest value is "
+    raise dtype_overflow(owner, dtype, "the head's parameters")
+
+
+def dtype_overflow(owner, dtype: torch.dtype, what: str) -> ValueError:
+    """The error for ``what`` (of ``owner``, a head) that does not fit the head's ``dtype``."""
+    return ValueError(
+        f"{type(owner).__name__}: {what} overflow {dtype} (its largest value is "
         f"{torch.finfo(dtype).max:.3g}); fit it with dtype='float64' or rescale the features")
 
 
-def finite_scores(owner, scores: torch.Tensor) -> torch.Tensor:
+def finite_scores(owner, scores: torch.Tensor, what: str = "scores") -> torch.Tensor:
     """``scores`` (float64, the fallback of an overflowing dtype), or a ``ValueError`` naming the
-    first sample whose scores are NaN or inf even so."""
+    first sample whose ``what`` (class scores, or novelty scores ``(n,)``) are NaN or inf even
+    so."""
     if not bool(finite_flag(scores)):
         raise ValueError(
-            f"{type(owner).__name__}: the scores of sample {first_nonfinite(scores)} are NaN or "
+            f"{type(owner).__name__}: the {what} of sample {first_nonfinite(scores)} are NaN or "
             "inf even in float64: its features are too large for this head; rescale them")
     return scores
 
@@ -255,6 +262,9 @@ class GaussianHead(Params, Presets, Stateful, ABC):
             raise ValueError(f"{type(self).__name__}.fit: the statistics hold no classes")
         self._check_params()
         self.dtype_, self.device_ = as_dtype(self.dtype), as_device(self.device)
+        if self.dtype_ != torch.float64 and not all_finite(stats.means.to(self.dtype_)):
+            raise dtype_overflow(self, self.dtype_, "the class means (inputs of their scale "
+                                 "cannot be scored in it)")
         self.classes_ = torch.tensor(stats.classes, dtype=torch.int64)
         self.n_features_in_ = stats.dim
         self._model_terms = model_terms
@@ -501,6 +511,10 @@ class GaussianHead(Params, Presets, Stateful, ABC):
             (the two defaults) see every input rescaled towards the root mean square norm of
             the known data (:func:`gdacil.novelty.to_typical_norm`).
 
+        Raises ``ValueError`` naming the first sample whose score is NaN or inf (finite
+        features so large that its distances overflow float64), as :meth:`predict` does for
+        class scores: no such score is ever compared with a threshold.
+
         Examples
         --------
         >>> import torch
@@ -523,8 +537,10 @@ class GaussianHead(Params, Presets, Stateful, ABC):
                     f"model_terms, or saved before gdacil kept it): refit it on statistics, or "
                     f"use method='msp' or 'energy'")
             # heads with class densities take their input as the statistics describe it
-            return ClassNovelty.of(self).score(features, method, log_mixture=self._log_mixture)
-        return logit_score(self.decision_function(X), method)
+            scores = ClassNovelty.of(self).score(features, method, log_mixture=self._log_mixture)
+        else:
+            scores = logit_score(self.decision_function(X), method)
+        return finite_scores(self, scores, "novelty scores")
 
     def _mixture_covariance(self, stats: ClassStatistics) -> torch.Tensor | None:
         """The mean ``(d, d)`` float64 of the class covariances of the head's model (called at

@@ -28,6 +28,7 @@ widen by an a-priori bound of the rounding error, so the pruned result stays exa
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 import torch
@@ -373,9 +374,14 @@ class LRRGDA(GaussianHead):
         mu = stats.means.to(self.device_)
         B_inv = symmetrize(L_B_inv.T @ L_B_inv)
         B_inv_mu = mu @ B_inv
-        # heads stored below float64 run the per-class products in float32: twice the GEMM rate
+        # heads stored below float64 run the per-class products in float32: twice the GEMM rate,
+        # on Ut / u and u^2 B^-1, u a power of two near the features' scale, which keeps them
+        # inside float32's range at any scale (exactly: the products are those of Ut and B^-1
+        # scaled by powers of two; 1e25-scale features had B^-1 flush to 0)
         work = torch.float64 if self.dtype_ == torch.float64 else torch.float32
-        B_inv_work = B_inv.to(work)
+        u = 1.0 if work == torch.float64 else math.ldexp(1.0, int(torch.frexp(
+            L_B.diagonal().amax()).exponent))
+        B_inv_work = (B_inv * (u * u)).to(work)
         labels = stats.classes
         C = len(labels)
         # rows are written block by block in the head's dtype: no float64 copy of all of them
@@ -389,14 +395,14 @@ class LRRGDA(GaussianHead):
             pairs = [self._eig_cache[c] for c in labels[start:stop]]
             U = torch.stack([p[1] for p in pairs])
             s = torch.stack([p[2] for p in pairs])
-            Ut = (U.to(torch.float64) * (a1 * s).sqrt()[:, None, :]).to(work)
+            Ut = (U.to(torch.float64) * ((a1 * s).sqrt() / u)[:, None, :]).to(work)
             # the only O(d^2 r) product per class; it is all a refit must redo when B moves
             P = Ut.transpose(1, 2) @ B_inv_work                          # Ut^T B^{-1}, (k, r, d)
             # M_c - I = Ut^T B^{-1} Ut = W diag(sigma^2) W^T, sigma^2 descending
             sigma2, W = torch.linalg.eigh(symmetrize((P @ Ut).to(torch.float64)))
             sigma2, W = sigma2.flip(-1).clamp_min(0.0), W.flip(-1)
             A = (W.transpose(1, 2).to(work) @ P) / (1.0 + sigma2).sqrt()[:, :, None].to(work)
-            A = A.to(torch.float64)                                      # A^T A = P^T M^-1 P
+            A = A.to(torch.float64) / u                                  # A^T A = P^T M^-1 P
             rows[start:stop, 1:] = A.to(self.dtype_)
             bias[start:stop, 1:] = -(A @ mu[start:stop, :, None])[:, :, 0]
             logdet_M[start:stop] = torch.log1p(sigma2).sum(-1)

@@ -403,7 +403,8 @@ class MappedLinearHead(Params, Presets, Stateful, ABC):
         torch.Size([3])
         """
         method = check_method(method, LOGIT_SCORES, default=self.default_novelty)
-        return logit_score(self.decision_function(X), method)
+        return finite_scores(self, logit_score(self.decision_function(X), method),
+                             "novelty scores")
 
     def score(self, X, y) -> float:
         """Mean accuracy of :meth:`predict` against labels ``y``."""

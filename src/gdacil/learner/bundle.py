@@ -53,6 +53,7 @@ from ..io import (
     TEMP_NAME,
     CorruptFileError,
     atomic_write_text,
+    read_json,
     remove_stale_temp_files,
     write_error,
 )
@@ -162,12 +163,10 @@ class OpenedVersion:
 def _manifest(path: Path, name: str) -> dict:
     """``manifest.json`` of version ``name``, parsed and checked against its own checksum."""
     try:
-        manifest = json.loads(path.read_bytes().decode("utf-8"))
+        manifest = read_json(path, ADVICE)
     except FileNotFoundError:
         raise CorruptFileError(path, "missing: the version folder has no manifest", ADVICE) \
             from None
-    except ValueError as exc:
-        raise CorruptFileError(path, f"not valid JSON ({exc})", ADVICE) from None
     if not isinstance(manifest, dict) or not str(manifest.get("format", "")).startswith(
             _FORMAT_PREFIX):
         raise CorruptFileError(path, "not a gdacil model manifest", ADVICE)
@@ -181,6 +180,11 @@ def _manifest(path: Path, name: str) -> dict:
     if manifest.get("version") != name:
         raise CorruptFileError(path, f"describes version {manifest.get('version')!r}, not the "
                                      f"folder {name} it is in", ADVICE)
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        raise CorruptFileError(path, "files must map each file's name to its sha256", ADVICE)
+    if not isinstance(manifest.get("summary", {}), dict):
+        raise CorruptFileError(path, "summary must be a mapping", ADVICE)
     return manifest
 
 

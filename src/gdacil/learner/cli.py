@@ -64,6 +64,9 @@ def learner_commands(sub) -> None:
     learn.add_argument("--max-per-class", type=positive_int, metavar="N",
                        help="learn at most N samples per class (drawn with the model's seed)")
     learn.add_argument("--seed", type=nonnegative_int, help="seed of a new model (default: 0)")
+    _precision_option(learn, "the backbone's forward passes in a new model, recorded in it: "
+                             "auto (default: bf16 where the CPU or GPU computes it natively, "
+                             "fp32 elsewhere)")
     learn.set_defaults(func=_learn)
 
     predict = sub.add_parser(
@@ -95,6 +98,7 @@ def learner_commands(sub) -> None:
     predict.add_argument("--sets", type=rate, metavar="ALPHA",
                          help="also print each input's conformal set: the classes that hold its "
                               "true class with probability at least 1 - ALPHA (0 < ALPHA < 1)")
+    _precision_option(predict, _OVERRIDE)
     predict.set_defaults(func=_predict)
 
     calibrate = sub.add_parser(
@@ -209,7 +213,17 @@ def learner_commands(sub) -> None:
                            help=f"{text} (default: {shown})")
     serve.add_argument("--log-level", default="info",
                        choices=("critical", "error", "warning", "info", "debug"))
+    _precision_option(serve, _OVERRIDE)
     serve.set_defaults(func=_serve)
+
+
+_OVERRIDE = "the backbone's forward passes in this command, whatever the model records"
+
+
+def _precision_option(parser, text: str) -> None:
+    from ..backbones.base import PRECISIONS
+
+    parser.add_argument("--precision", choices=("auto", *PRECISIONS), help=text)
 
 
 # ---------------------------------------------------------------------- option types
@@ -310,7 +324,7 @@ def _learn(args) -> int:
               "head": args.head, "head_params": _options(args.head_param, "--head-param") or None,
               "strategy": args.strategy and {"name": args.strategy},
               "compensator": args.compensator and {"name": args.compensator},
-              "seed": args.seed}
+              "seed": args.seed, "precision": args.precision}
     chosen = {k: v for k, v in chosen.items() if v is not None}
     before = _current(model)
     try:
@@ -451,7 +465,7 @@ def _predict(args) -> int:
 
     if args.reject_rate is not None and not args.reject:
         raise ValueError("--reject-rate applies with --reject only")
-    learner = Learner.load(args.model, args.version)
+    learner = Learner.load(args.model, args.version, precision=args.precision)
     inputs, shown = _predict_inputs(learner, args)
     predictions = learner.predict(inputs, top_k=args.top_k, reject=args.reject,
                                   reject_rate=args.reject_rate, sets=args.sets,
@@ -496,6 +510,7 @@ def _info(args) -> int:
         ("strategy", json.dumps(info["strategy"])),
         ("compensator", json.dumps(info["compensator"]) if info["compensator"] else "-"),
         ("statistics", info["statistics"]),
+        ("precision", f"{info['precision']['model']} (runs {info['precision']['runs']} here)"),
         ("anchors", f"{info['anchors']['kept']} kept (at most {info['anchors']['size']})"),
         ("calibration", _calibration_line(info["calibration"])),
         ("learned", f"{info['samples']} samples in {info['learns']} learns"),
@@ -616,5 +631,5 @@ def _serve(args) -> int:
           max_body=int(args.max_body_mb * (1 << 20)), max_pixels=args.max_pixels,
           max_pending=args.max_queue, timeout=args.timeout, batch_seconds=args.batch_seconds,
           max_connections=args.max_connections, poll=args.poll,
-          allowed_hosts=args.allowed_host)
+          allowed_hosts=args.allowed_host, precision=args.precision)
     return 0

@@ -26,6 +26,9 @@ field                   what
 ``reject_rate``         the default target false-rejection rate of ``predict(..., reject=True)``
 ``novelty``             the novelty score of rejection (:mod:`gdacil.novelty`; default: the
                         head's)
+``precision``           the backbone's forward passes, as experiment configs set
+                        ``backbone.precision``: ``auto`` (default: bf16 where it is native, fp32
+                        elsewhere), ``fp32``, ``bf16`` or ``fp16`` (frozen backbones only)
 ======================  ============================================================================
 """
 
@@ -119,6 +122,14 @@ class LearnerConfig(TypedConfig):
         The novelty score of rejection (:data:`gdacil.novelty.NOVELTY_SCORES`); None: the head's
         default (``"relative_likelihood"`` for LR-RGDA). The calibration records which score
         its records have, and predictions score new inputs with that one.
+    precision : str
+        Arithmetic of the backbone's forward passes (learning, predicting, Stage-1 training):
+        ``"auto"`` resolves on the machine that runs the model, to ``"bf16"`` where bfloat16
+        is native (:func:`gdacil._hardware.native_bfloat16`) and ``"fp32"`` elsewhere, as
+        experiments resolve ``backbone.precision`` (:func:`gdacil.backbones.base.resolve_precision`);
+        or ``"fp32"``, ``"bf16"``, ``"fp16"`` (only with the frozen strategy). Features come
+        back as float32 and statistics are float64 either way. Models saved before gdacil kept
+        it run fp32, as they did.
     """
 
     backbone: str = _DEFAULT_BACKBONE
@@ -140,12 +151,13 @@ class LearnerConfig(TypedConfig):
     calibration_share: float = CALIBRATION_SHARE
     reject_rate: float = 0.05
     novelty: str | None = None
+    precision: str = "auto"
 
     def __post_init__(self):
         self._coerce_nested()
         problems = []
         for check in (self._check_backbone, self._check_head, self.build_strategy,
-                      self._check_compensator, self._check_numbers):
+                      self._check_compensator, self._check_numbers, self._check_precision):
             try:
                 check()
             except (ConfigError, TypeError, ValueError, KeyError) as exc:
@@ -179,6 +191,11 @@ class LearnerConfig(TypedConfig):
                               "statistics, so a learner could not forget its classes or move "
                               "them with a compensator; choose one of gdacil.heads.HEADS "
                               "(ncm, lda, qda, rgda, lr_rgda, sgd, fecam)")
+
+    def _check_precision(self) -> None:
+        from ..backbones.base import check_precision
+
+        check_precision(self.precision, self.strategy.name)
 
     def _check_compensator(self) -> None:
         if self.compensator.anchors is not None:
@@ -228,14 +245,13 @@ class LearnerConfig(TypedConfig):
     def build_compensator(self):
         return self.compensator.build()
 
-    def build_backbone(self, device=None):
-        """The backbone, on ``device`` when given (else as ``backbone_options`` say)."""
+    def build_backbone(self, device=None, precision: str | None = None):
+        """The backbone, on ``device`` when given (else as ``backbone_options`` say), running
+        in ``precision`` (default: the config's; "auto" resolved for its device)."""
         from ..backbones import build_backbone
 
         options = dict(self.backbone_options)
         if device is not None:
             options["device"] = device
-        try:
-            return build_backbone(self.backbone, **options)
-        except TypeError as exc:  # an option of the wrong type (the names were checked)
-            raise ConfigError(f"backbone_options of {self.backbone!r}: {exc}") from None
+        return build_backbone(self.backbone, **options).set_precision(
+            precision or self.precision)

@@ -65,6 +65,7 @@ import torch
 
 from .. import __version__, distributed
 from .._validation import check_fraction
+from ..backbones.base import check_precision, resolve_precision
 from ..calibration import (
     CALIBRATION_SHARE,
     MIN_RECORDS,
@@ -79,10 +80,10 @@ from ..cil.config import ConfigError
 from ..cil.model import IncrementalModel, TaskData, backbone_weights, task_seed
 from ..cil.progress import format_duration
 from ..data import extract_features
-from ..io import CorruptFileError
+from ..io import CorruptFileError, entries_of, read_json
 from ..novelty import NOVELTY_SCORES
 from ..registry import UnknownNameError
-from ..state import load_state, save_state
+from ..state import load_state, restore, save_state
 from ..stats import ClassGaussians, ClassStatistics
 from . import bundle
 from .config import LearnerConfig
@@ -254,16 +255,22 @@ class Learner:
         self._setup(LearnerConfig(**settings))
 
     @classmethod
-    def from_config(cls, config: LearnerConfig | dict, *, device=None) -> Learner:
+    def from_config(cls, config: LearnerConfig | dict, *, device=None,
+                    precision: str | None = None) -> Learner:
+        """A learner of ``config``; ``precision`` overrides ``config.precision`` in this process
+        only (it is not saved: what ``gdacil predict --precision`` does)."""
         learner = cls.__new__(cls)
         if not isinstance(config, LearnerConfig):
             config = LearnerConfig.from_dict(config)
         learner._setup(config, device)
+        if precision is not None:
+            learner._precision = check_precision(precision, config.strategy.name)
         return learner
 
     def _setup(self, config: LearnerConfig, device=None) -> None:
         self.config = config
         self.device = device
+        self._precision: str | None = None  # this process's override of config.precision
         self._backbone = None
         self._weights: dict[str, torch.Tensor] | None = None  # to load when the backbone is built
         self._record: dict | None = None  # what the backbone was when the model last learned
@@ -327,7 +334,7 @@ class Learner:
     def backbone(self):
         """The backbone (built, with any stored weights, on first use)."""
         if self._backbone is None:
-            bb = self.config.build_backbone(self.device)
+            bb = self.config.build_backbone(self.device, self._precision)
             if self._weights is not None:
                 try:
                     bb.model.load_state_dict(self._weights)
@@ -344,7 +351,9 @@ class Learner:
         if not record:
             return
         if bb.dim != record["dim"] or bb.modality != record["modality"]:
-            raise ValueError(f"the backbone {self.config.backbone!r} gives {bb.dim}-d "
+            where = (f"{self._origin[0] / bundle.VERSIONS / self._origin[1] / 'learner.json'}: "
+                     if self._origin else "")
+            raise ValueError(f"{where}the backbone {self.config.backbone!r} gives {bb.dim}-d "
                              f"{bb.modality} features, but this model was built on "
                              f"{record['dim']}-d {record['modality']} features")
         if bb.weights_fingerprint() != record["weights_sha256"]:
@@ -359,6 +368,18 @@ class Learner:
                           "those this model learned with (a different installed version?); "
                           "its features, and so its predictions, may differ", UserWarning,
                           stacklevel=3)
+
+    @property
+    def precision(self) -> str:
+        """The precision the backbone's forward passes run in here: the model's
+        ``config.precision`` (or this process's override), "auto" resolved for its device;
+        "fp32" for a vectors model, which runs no forward pass (its vectors stay float64)."""
+        if self.modality == "vector":
+            return "fp32"
+        if self._backbone is not None:
+            return self._backbone.precision
+        device = self.device or self.config.backbone_options.get("device")
+        return resolve_precision(self._precision or self.config.precision, device)
 
     @property
     def modality(self) -> str:
@@ -1169,6 +1190,7 @@ class Learner:
             "strategy": cfg.strategy.to_dict(),
             "compensator": cfg.compensator.to_dict() if self._strategy is not None else None,
             "statistics": cfg.statistics.storage,
+            "precision": {"model": cfg.precision, "runs": self.precision},
             "learns": self._steps,
             "samples": sum(counts.values()),
             "anchors": {"kept": len(self._reservoir), "size": self._reservoir.size},
@@ -1287,7 +1309,7 @@ class Learner:
 
     @classmethod
     def load(cls, directory: str | os.PathLike, version: str | int | None = None, *,
-             device=None) -> Learner:
+             device=None, precision: str | None = None) -> Learner:
         """The model saved in ``directory``: its current version (``CURRENT``, read once), or
         ``version``. Every file is verified against the manifest's sha256 first; nothing is
         unpickled or executed (JSON and safetensors only). The class statistics are read when
@@ -1296,28 +1318,23 @@ class Learner:
         Raises ``FileNotFoundError`` when there is no model there,
         :class:`~gdacil.io.CorruptFileError` naming any file that is missing, altered or
         invalid, and :class:`~gdacil.learner.bundle.BundleError` for an unknown version.
+        ``precision`` overrides the model's ``precision`` in this process (not saved).
         """
         opened = bundle.open_version(directory, version)
         meta_path = _required(opened, "learner.json")
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (ValueError, RecursionError) as exc:
-            raise CorruptFileError(meta_path, f"not valid JSON ({exc})", bundle.ADVICE) from None
+        meta = read_json(meta_path, bundle.ADVICE)
         found = meta.get("format") if isinstance(meta, dict) else None
         if found != LEARNER_FORMAT:
             raise CorruptFileError(meta_path, f"not a learner of format {LEARNER_FORMAT!r} "
                                               f"(found {found!r})", bundle.ADVICE)
-        try:
-            config = LearnerConfig.from_dict(meta["config"])
-        except (ConfigError, KeyError) as exc:
+        try:  # a model saved before models kept their precision ran fp32
+            config = LearnerConfig.from_dict({"precision": "fp32", **meta["config"]})
+        except (ConfigError, KeyError, TypeError) as exc:
             raise ValueError(f"{meta_path}: cannot rebuild the learner from its config: "
                              f"{exc}") from None
-        learner = cls.from_config(config, device=device)
-        try:
+        learner = cls.from_config(config, device=device, precision=precision)
+        with entries_of(meta_path, bundle.ADVICE):
             learner._restore_state(opened, meta)
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise CorruptFileError(meta_path, f"lacks or mistypes an entry ({exc!r})",
-                                   bundle.ADVICE) from None
         learner._origin = (Path(directory).expanduser().resolve(), opened.name)
         return learner
 
@@ -1355,11 +1372,14 @@ class Learner:
         record = meta["backbone"]
         if record is not None and not isinstance(record, dict):
             raise corrupt(f"backbone must be a mapping; got {record!r}")
+        if record and (count(record["dim"], "backbone.dim") < 1
+                       or not isinstance(record["modality"], str)):
+            raise corrupt(f"backbone.dim must be >= 1 and backbone.modality a name; got "
+                          f"{record['dim']!r} and {record['modality']!r}")
         self._record = _portable(record) if record else record  # no path of the machine
         self._history = list(meta.get("history", []))
         if opened.has("head.safetensors"):
-            self._head = self.config.build_head().load_state_dict(
-                *load_state(opened.file("head.safetensors")))
+            self._head = restore(self.config.build_head(), opened.file("head.safetensors"))
             if self._head.classes_.tolist() != self._order:
                 raise CorruptFileError(opened.file("head.safetensors"), "holds a head of other "
                                        "classes than learner.json lists", bundle.ADVICE)
@@ -1371,15 +1391,13 @@ class Learner:
         if opened.has("backbone.safetensors"):
             self._weights = load_state(opened.file("backbone.safetensors"))[0]
         if self._strategy is not None and opened.has("strategy.safetensors"):
-            self._strategy.load_state_dict(*load_state(opened.file("strategy.safetensors")))
+            restore(self._strategy, opened.file("strategy.safetensors"))
         if opened.has("anchors.json"):
-            try:
-                data = json.loads(opened.file("anchors.json").read_text(encoding="utf-8"))
-            except (ValueError, RecursionError) as exc:
-                raise CorruptFileError(opened.file("anchors.json"), f"not valid JSON ({exc})",
-                                       bundle.ADVICE) from None
-            self._reservoir = AnchorReservoir.from_json(
-                data, lambda rel: _required(opened, rel).read_bytes())
+            anchors = opened.file("anchors.json")
+            with entries_of(anchors, bundle.ADVICE):
+                self._reservoir = AnchorReservoir.from_json(
+                    read_json(anchors, bundle.ADVICE),
+                    lambda rel: _required(opened, rel).read_bytes())
 
 
 def _vectors_backbone(dim: int, device=None):
@@ -1439,7 +1457,7 @@ def _read_calibration(path: Path, order: list[int]) -> Calibration:
         return CorruptFileError(path, problem, bundle.ADVICE)
 
     try:
-        calibration = Calibration().load_state_dict(*load_state(path), source=str(path))
+        calibration = restore(Calibration(), path)
     except ValueError as exc:
         raise corrupt(f"not a calibration ({exc})") from None
     missing = [a for a in Calibration._state_attributes if a not in calibration.__dict__]

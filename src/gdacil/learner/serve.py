@@ -174,6 +174,9 @@ class ModelService:
     inbox : Inbox, optional
         Where inputs answered unknown are kept (:class:`gdacil.learner.inbox.Inbox`); None:
         nothing is kept.
+    precision : str, optional
+        Precision of the backbone's forward passes, overriding the model's ``precision`` while
+        it is served (versions learned over ``/learn`` keep the model's).
 
     Examples
     --------
@@ -196,7 +199,7 @@ class ModelService:
                  max_inputs: int = 256, max_body: int = 32 << 20, max_pixels: int = 40_000_000,
                  max_pending: int = 1024, timeout: float = 60.0, batch_seconds: float = 0.3,
                  max_decoding: int = 4, poll: float = 1.0, device=None,
-                 token: str | None = None, inbox=None):
+                 token: str | None = None, inbox=None, precision: str | None = None):
         for name, value in (("max_batch", max_batch), ("max_inputs", max_inputs),
                             ("max_body", max_body), ("max_pixels", max_pixels),
                             ("max_pending", max_pending), ("max_decoding", max_decoding)):
@@ -220,8 +223,11 @@ class ModelService:
         self.max_batch, self.max_inputs = max_batch, max_inputs
         self.max_body, self.max_pixels = max_body, max_pixels
         self.max_pending, self.timeout, self.batch_seconds = max_pending, timeout, batch_seconds
-        self.poll, self.device = poll, device
+        self.poll, self.device, self.precision = poll, device, precision
         self._decoding = threading.BoundedSemaphore(max_decoding)
+        from ..backbones.base import KeptCasts
+
+        self._casts = KeptCasts()  # the prediction worker's
         self._learn_lock = threading.Lock()
         self._inbox_learn_lock = threading.Lock()  # one inbox learn at a time: none twice
         self._problem: str | None = None  # why the current version is not the one served
@@ -266,7 +272,8 @@ class ModelService:
     def _load(self, version=None):
         from .learner import Learner
 
-        learner = Learner.load(self.directory, version, device=self.device)
+        learner = Learner.load(self.directory, version, device=self.device,
+                               precision=self.precision)
         self._warm_up(learner)
         return learner
 
@@ -457,6 +464,7 @@ class ModelService:
         :attr:`PredictRequest.options`). Texts are scored in groups of similar length (within a
         factor 2), so a short text is not padded to a long one's length and a forward costs
         what the scheduler estimated (the sum of its inputs' costs)."""
+        self._casts.keep(learner.backbone)  # this worker only predicts: keep bf16 casts
         predictions: list = [None] * len(items)
         for group in _similar_costs(self._costs(learner, items)):
             for i, p in zip(group, learner.predict([items[i] for i in group], top_k=top_k,
