@@ -211,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     experiment_options(demo)
     demo.set_defaults(func=_demo)
 
-    bench = sub.add_parser("bench", help="benchmarks (speed, defaults, heads, decomposition, drift, strategies, scale, pipeline, serve, sharded, openset, ranpac-lambda)",
+    bench = sub.add_parser("bench", help="benchmarks (speed, defaults, heads, decomposition, drift, strategies, strategies-images, scale, pipeline, serve, sharded, openset, ranpac-lambda)",
                            description="Run a benchmark; `gdacil bench NAME --help` lists its options.")
     bench.add_argument("name", help="benchmark name (gdacil list benchmarks)")
     bench.add_argument("options", nargs=argparse.REMAINDER, help="options for the benchmark")
