@@ -43,7 +43,7 @@ def ms_per_step(name: str, size: int, precision: str, raws: list, labels: list[i
     bb = build_backbone(name, size=size).set_precision(precision)
     times = []
     for steps in (3, 5, 5, 5):
-        s = build_strategy("seqft", train={"steps": steps, "batch_size": 16})
+        s = build_strategy("seqft", train={"steps": steps, "batch_size": 16, "augment": "auto"})
         log = s.adapt_task(bb, 0, raws, labels, generator=0)
         times.append(1000 * log["seconds"] / steps)
     return statistics.median(times[1:])

@@ -94,8 +94,7 @@ def test_images_read_from_files_by_workers_train_as_in_memory(tmp_path):
 def test_an_error_in_a_worker_is_raised_here_with_its_message():
     bb = build_backbone("vit", config=TINY_VIT)
     raws = [*IMAGES[:-1], np.full((40, 48, 3), 200.0)]  # floats must lie in [0, 1]
-    # no augmentation: it would read the bad array's size here, before any worker does
-    strategy = build_strategy("seqft", train={**TRAIN, "steps": 8, "augment": None})
+    strategy = build_strategy("seqft", train={**TRAIN, "steps": 8})
     strategy.begin_task(bb, 0)
     with pytest.raises(ValueError, match=r"(?s)DataLoader worker.*float image arrays must lie in \[0, 1\]"):
         strategy.train_task(bb, raws, LABELS, generator=0, num_workers=2)

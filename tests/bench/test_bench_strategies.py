@@ -161,7 +161,8 @@ def test_every_planned_image_run_is_a_valid_experiment(tmp_path):
             continue
         assert set(exp.compensators) == {"none", "sldc", "hopdc", "hopdc_paper"}
         assert exp.compensators["hopdc"].defaults is None  # gdacil's default HopDC
-        assert exp.build_strategy().config.train.steps == cfg.steps
+        built = exp.build_strategy().config
+        assert built.train.steps == cfg.steps and built.train.augment == "auto"
 
 
 def test_the_image_summary_follows_the_schema(tmp_path):

@@ -269,7 +269,8 @@ def test_learn_with_seqft_trains_the_image_backbone_end_to_end(tmp_path, capsys)
     out = ok(capsys, "learn", model, "--data", second)
     assert "trained the backbone and moved the old classes' statistics; 3 classes in all" in out
     info = json.loads((model / "versions" / "v2" / "learner.json").read_text())
-    assert info["config"]["strategy"] == {"name": "seqft", "train": {"steps": 2, "batch_size": 4}}
+    assert info["config"]["strategy"] == {"name": "seqft", "train": {"augment": "auto", "steps": 2,
+                                                                     "batch_size": 4}}
     assert (model / "versions" / "v2" / "backbone.safetensors").is_file()
     flower = next(p for p in sorted(second.rglob("*.png")))
     predictions = json.loads(ok(capsys, "predict", model, flower, "--top-k", "3"))

@@ -31,7 +31,7 @@ __all__ = ["PARAMS", "StrategyConfig", "TrainConfig"]
 PARAMS = ("none", "mlp", "lora")
 
 
-#: ``train.augment`` default: the default augmentation on image backbones, none on the others
+#: ``train.augment`` value: the default augmentation on image backbones, none on the others
 AUTO = "auto"
 
 
@@ -85,11 +85,12 @@ class TrainConfig(TypedConfig):
         SCE weights of CE and reverse CE (0.5, 0.5).
     augment : AugmentConfig, "auto" or None
         Random resized crop, flip and brightness jitter for image backbones (the reference
-        code's training transform; the LR-RGDA paper does not describe one). ``"auto"`` (the
-        default): the default :class:`~gdacil.adapt.AugmentConfig` when the trained backbone
-        takes images, none for other inputs. None feeds the evaluation preprocessing (and an
-        explicit config on a text backbone is refused). ``True``/``False`` are accepted for the
-        default augmentation / none.
+        code's training transform; the LR-RGDA paper does not describe one). ``"auto"``: the
+        default :class:`~gdacil.adapt.AugmentConfig` when the trained backbone takes images,
+        none for other inputs (what ``gdacil learn --strategy`` sets). None (the default, so
+        that runs and models saved before ``"auto"`` existed resume as they were) feeds the
+        evaluation preprocessing; an explicit config on a text backbone is refused.
+        ``True``/``False`` are accepted for the default augmentation / none.
     """
 
     steps: int = 1000
@@ -104,7 +105,7 @@ class TrainConfig(TypedConfig):
     loss: str = "sce"
     sce_lambda1: float = 0.5
     sce_lambda2: float = 0.5
-    augment: AugmentConfig | str | None = field(default=AUTO, metadata={"parse": _augment})
+    augment: AugmentConfig | str | None = field(default=None, metadata={"parse": _augment})
 
     def __post_init__(self):
         self._coerce_nested()

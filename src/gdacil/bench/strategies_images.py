@@ -78,12 +78,19 @@ class ImageStrategiesConfig:
     threads: int = 1
 
 
+def _image_strategy(name: str, steps: int) -> dict:
+    """The text benchmark's short-schedule strategy, with the paper's image augmentation."""
+    spec = _strategy_spec(name, steps)
+    spec["train"]["augment"] = "auto"
+    return spec
+
+
 def base_config(cfg: ImageStrategiesConfig, dataset: str) -> dict:
     """The experiment every run of ``dataset`` starts from (written to ``OUT/<dataset>.yaml``)."""
     return {"name": f"strategies-images-{dataset}", "seeds": [cfg.seeds[0]],
             **DATASETS[dataset],
             "backbone": {"name": "dinov2-imgfocus", "options": {"size": cfg.size}},
-            "strategy": _strategy_spec("seqft", cfg.steps),
+            "strategy": _image_strategy("seqft", cfg.steps),
             "anchors": {"n": cfg.anchors, "seed": 0, "include_current": True,
                         "dataset": cfg.anchor_set},
             "compensators": TRACKS, "heads": HEADS, "progress": False,
@@ -111,7 +118,7 @@ def plan_runs(cfg: ImageStrategiesConfig, out: Path) -> list[tuple[str, Run]]:
     def strategy_run(dataset: str, strategy: str, seed: int) -> tuple[str, Run]:
         name = f"{dataset}-{strategy}-seed{seed}"
         return dataset, Run(name, [f"name={name}", f"seeds=[{seed}]",
-                                   f"strategy={_flow(_strategy_spec(strategy, cfg.steps))}",
+                                   f"strategy={_flow(_image_strategy(strategy, cfg.steps))}",
                                    f"output_dir={out / 'runs' / name}"])
 
     runs = [strategy_run(d, s, seed) for s in cfg.strategies for d in cfg.datasets

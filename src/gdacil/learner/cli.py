@@ -248,19 +248,21 @@ def _options(items: list[str], flag: str) -> dict:
 
 
 def _strategy(args) -> dict | None:
-    """``--strategy`` with its ``--strategy-option`` overrides (dotted keys nest)."""
+    """``--strategy`` with its ``--strategy-option`` overrides (dotted keys nest); images train
+    with the paper's augmentation unless ``train.augment`` says otherwise (``"auto"``: none for
+    texts)."""
     options = _options(args.strategy_option, "--strategy-option")
     if options and not args.strategy:
         raise ValueError("--strategy-option needs --strategy")
     if not args.strategy:
         return None
-    spec: dict = {"name": args.strategy}
+    spec: dict = {"name": args.strategy, "train": {"augment": "auto"}}
     for key, value in options.items():
         *parents, leaf = key.split(".")
         node = spec
         for part in parents:
             node = node.setdefault(part, {})
-            if not isinstance(node, dict):
+            if not isinstance(node, dict):  # e.g. train=... then train.steps=...
                 raise ValueError(f"--strategy-option {key}=...: {part} is not a section")
         node[leaf] = value
     return spec
