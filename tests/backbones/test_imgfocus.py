@@ -116,3 +116,28 @@ def test_strategies_train_the_real_vit(built, photos, strategy, roles):
     expected = {f"{name}.weight" for name in block_linears(bb, roles)}
     assert len(expected) == 10 * (len(roles) + 2 * ("attention" in roles))
     assert changed == expected
+
+
+@pytest.mark.parametrize("strategy", ["seqkd", "nsp_seqft", "nsp_seqkd", "lora_seqkd",
+                                      "randproj"])
+def test_every_stage1_strategy_runs_two_tasks_on_the_real_vit(built, photos, strategy):
+    """Distillation, null-space projection (from task 2 on) and RandProj's first-task-only
+    LoRA on the real encoder: the second task changes the weights exactly when it should."""
+    from gdacil.adapt import build_strategy
+
+    vit = build_backbone("dinov2-imgfocus", size=112, root=str(built))
+    bb = vit if strategy != "randproj" else build_backbone(
+        "random-projection", base=vit, dim=512, seed=0)
+    s = build_strategy(strategy, train={"steps": 2, "batch_size": 3})
+    s.adapt_task(bb, 0, photos, [0, 1, 2], generator=0)
+    before = {k: v.clone() for k, v in vit.model.state_dict().items()}
+    log = s.adapt_task(bb, 1, photos, [3, 4, 5], generator=1)
+    changed = any(not torch.equal(v, before[k]) for k, v in vit.model.state_dict().items())
+    assert changed == (strategy != "randproj")
+    if strategy != "randproj":
+        assert np.isfinite(log["loss"]).all()
+        # the student equals its teacher until the first update
+        assert log["kd_loss"][0] == 0 and (log["kd_loss"][1] > 0) == strategy.endswith("kd")
+    if strategy.startswith("nsp"):
+        assert len(s.moments_) == 20  # fc1 and fc2 of the 10 kept blocks
+    assert bb.extract(photos).shape == (3, 512 if strategy == "randproj" else 384)
