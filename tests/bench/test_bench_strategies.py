@@ -138,3 +138,49 @@ def test_single_seed_drops_every_extra_seed(monkeypatch):
     assert cfg.extra_seeds == {} and cfg.moment_seeds == (1993,) and seen["summarize_only"]
     names = [r.name for r in bench.plan_runs(cfg, Path("/tmp/x"))]
     assert names == ["seqft-seed1993", "hopdc-moments-seed1993", "hopdc-sensitivity"]
+
+
+def test_every_planned_image_run_is_a_valid_experiment(tmp_path):
+    from gdacil.bench import strategies_images as images
+
+    cfg = images.ImageStrategiesConfig()
+    planned = images.plan_runs(cfg, tmp_path)
+    names = [r.name for _, r in planned]
+    assert len(names) == len(set(names)) == 2 * (4 + 2) + 2
+    assert names[:2] == ["openclipart-seqft-seed1993", "cifar10-seqft-seed1993"]
+    assert names[-2:] == ["openclipart-tables", "cifar10-tables"]
+    for dataset, run in planned:
+        base = tmp_path / f"{dataset}.yaml"
+        base.write_text(json.dumps(images.base_config(cfg, dataset)))
+        exp = load_config(base, run.overrides)
+        assert exp.protocol.datasets == (dataset,) and exp.anchors.dataset == "caltech101"
+        assert exp.backbone.name == "dinov2-imgfocus" and exp.backbone.options == {"size": 112}
+        if run.name.endswith("-tables"):
+            assert list(exp.heads) == ["lr_rgda"] and exp.anchors.n == 2048
+            assert {exp.track_anchors(t) for t in exp.compensators} == {None, 256, 512, 1024, 2048}
+            continue
+        assert set(exp.compensators) == {"none", "sldc", "hopdc", "hopdc_paper"}
+        assert exp.compensators["hopdc"].defaults is None  # gdacil's default HopDC
+        built = exp.build_strategy().config
+        assert built.train.steps == cfg.steps and built.train.augment == "auto"
+
+
+def test_the_image_summary_follows_the_schema(tmp_path):
+    from gdacil.bench import strategies_images as images
+
+    cfg = images.ImageStrategiesConfig(datasets=("cifar10",), strategies=("seqft",),
+                                       extra_seeds={})
+    planned = images.plan_runs(cfg, tmp_path)
+    _fake_results(tmp_path, "cifar10-seqft-seed1993", 1993, images.TRACKS, images.HEADS, 0.5)
+    _fake_results(tmp_path, "cifar10-tables", 1993, images.table_tracks(), ["lr_rgda"], 0.4)
+    summary = images.summarize(cfg, tmp_path, planned, {})
+    assert len(summary["runs"]) == 12 and summary["missing_runs"] == []
+    row = summary["runs"][0]
+    assert row == {"dataset": "cifar10", "backbone": "dinov2-imgfocus", "strategy": "seqft",
+                   "seed": 1993, "compensator": "none", "head": "lda", "last_acc": 50.0,
+                   "inc_acc": 60.0}
+    assert {(r["compensator"], r["n"]) for r in summary["anchors_n"]} == {
+        ("none", 0), *((c, n) for c in ("hopdc_paper", "sldc") for n in images.ANCHORS_N)}
+    assert [r["tau"] for r in summary["tau"]] == list(images.TAUS)
+    assert [r["topk"] for r in summary["topk"]] == list(images.TOPKS)
+    assert "| cifar10 | seqft | hopdc |" in images.render(summary)

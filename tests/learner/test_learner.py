@@ -306,10 +306,13 @@ def test_a_failed_learn_leaves_the_learner_as_it_was():
 
 @needs_transformers
 @needs_efficientnet
-def test_a_strategy_the_backbone_cannot_run_is_a_clear_error():
+def test_a_strategy_trains_a_cnn_through_its_pointwise_convolutions():
     learner = Learner("efficientnet-lite0", backbone_options={"pretrained": False, "size": 32},
                       strategy=TRAIN_TINY)
-    with pytest.raises(ValueError, match="strategy 'seqft' cannot train the backbone "
-                                         "'efficientnet-lite0'.*convolutional"):
-        learner.learn(*colour_set(["red"], 2))
-    assert learner.classes == []
+    before = {k: v.clone() for k, v in learner.backbone.model.state_dict().items()}
+    assert learner.learn(*colour_set(["red", "green"], 2)).adapted
+    after = learner.backbone.model.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    # the 1x1 expansion and projection weights of the 15 expanding blocks, and nothing else
+    assert len(changed) == 30
+    assert all(k.endswith(("_expand_conv.weight", "_project_conv.weight")) for k in changed)

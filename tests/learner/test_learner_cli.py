@@ -240,3 +240,40 @@ def test_the_readme_commands_run(tmp_path, capsys, monkeypatch):
     assert outputs[7] == "clipart-model: v2 is current again (9 classes)\n"
     tickets = json.loads(outputs[9])
     assert [t["predictions"][0]["class"] for t in tickets] == ["billing", "bugs"]
+
+
+def _clipart_folder(root: Path, classes: dict[str, str], n: int) -> Path:
+    """``root/<class>/`` holding links to the first ``n`` openclipart images of each folder."""
+    for name, folder in classes.items():
+        (root / name).mkdir(parents=True)
+        for src in sorted(Path("/usr/share/openclipart/png", folder).glob("*.png"))[:n]:
+            (root / name / src.name).symlink_to(src)
+    return root
+
+
+@needs_openclipart
+@needs_efficientnet
+@pytest.mark.filterwarnings("ignore:topk=400 exceeds the number of anchors")
+def test_learn_with_seqft_trains_the_image_backbone_end_to_end(tmp_path, capsys):
+    """``gdacil learn --strategy seqft`` on a folder of real images (EfficientNet-Lite0): the
+    first learn fine-tunes the pointwise convolutions, the second moves the old classes."""
+    first = _clipart_folder(tmp_path / "first", {"mammals": "animals/mammals",
+                                                 "birds": "animals/birds"}, 4)
+    second = _clipart_folder(tmp_path / "second", {"flowers": "plants/flowers"}, 4)
+    model = tmp_path / "model"
+    out = ok(capsys, "learn", model, "--data", first, "--strategy", "seqft",
+             "--strategy-option", "train.steps=2", "--strategy-option", "train.batch_size=4",
+             "--backbone-option", "size=96")
+    assert out == (f"{model}: v1: learned 8 samples of 2 classes (2 new, 0 updated); trained "
+                   "the backbone; 2 classes in all\n")
+    out = ok(capsys, "learn", model, "--data", second)
+    assert "trained the backbone and moved the old classes' statistics; 3 classes in all" in out
+    info = json.loads((model / "versions" / "v2" / "learner.json").read_text())
+    assert info["config"]["strategy"] == {"name": "seqft", "train": {"augment": "auto", "steps": 2,
+                                                                     "batch_size": 4}}
+    assert (model / "versions" / "v2" / "backbone.safetensors").is_file()
+    flower = next(p for p in sorted(second.rglob("*.png")))
+    predictions = json.loads(ok(capsys, "predict", model, flower, "--top-k", "3"))
+    assert {p["class"] for p in predictions[0]["predictions"]} == {"mammals", "birds", "flowers"}
+    assert "needs --strategy" in fails(capsys, "learn", tmp_path / "other", "--data", first,
+                                       "--strategy-option", "train.steps=2")

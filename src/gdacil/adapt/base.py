@@ -29,6 +29,7 @@ from .._random import make_generator
 from .._validation import as_labels
 from ..backbones import Backbone, RandomProjection
 from ..backbones.base import ImageBackbone
+from ..backbones.blocks import linear_weight
 from ..data.cache import prefetched
 from .augment import (
     Augmentation,
@@ -102,6 +103,19 @@ def _draws(batch: Iterable, augment: AugmentConfig | None, generator: torch.Gene
     return draw_augmentations([image_size(raw) for raw in batch], augment, generator)
 
 
+def _resolved_augment(augment: AugmentConfig | str | None, bb: Backbone
+                      ) -> AugmentConfig | None:
+    """``train.augment`` for backbone ``bb``: ``"auto"`` is the default augmentation for an
+    image backbone and none otherwise; an explicit one on a non-image backbone is refused."""
+    images = isinstance(bb, ImageBackbone)
+    if augment == "auto":
+        return AugmentConfig() if images else None
+    if augment is not None and not images:
+        raise ValueError(f"augment applies to image backbones; {bb.name} takes "
+                         f"{bb.modality or 'non-image'} inputs (set train.augment=None)")
+    return cast("AugmentConfig | None", augment)
+
+
 def _build(bb: Backbone, batch: Sequence, draws: list[Augmentation] | None) -> dict:
     """The deterministic part: model inputs (CPU tensors) of ``batch`` under ``draws``."""
     if draws is None:
@@ -126,6 +140,7 @@ class _Task:
     requires_grad: dict[str, bool] = field(default_factory=dict)  # flags before the task
     teacher: Teacher | None = None
     projectors: dict[str, torch.Tensor] = field(default_factory=dict)  # weight name -> P
+    augment: AugmentConfig | None = None  # train.augment resolved for the backbone
 
 
 class Strategy:
@@ -174,9 +189,7 @@ class Strategy:
         bb = trained_backbone(backbone)
         state = _Task(int(task), self.trains_on(int(task)))
         if state.active:
-            if cfg.train.augment is not None and not isinstance(bb, ImageBackbone):
-                raise ValueError(f"augment applies to image backbones; {bb.name} takes "
-                                 f"{bb.modality or 'non-image'} inputs (set train.augment=None)")
+            state.augment = _resolved_augment(cfg.train.augment, bb)
             if cfg.params == "lora" and generator is None:
                 raise ValueError("LoRA strategies draw the adapters' initialisation: pass "
                                  "begin_task(..., generator=seed or torch.Generator)")
@@ -203,9 +216,10 @@ class Strategy:
                              f"not this backbone's {sorted(linears)}")
         out = {}
         for name, module in linears.items():
-            moment = self.moments_[name].to(module.weight.device)
+            weight = cast(torch.Tensor, module.weight)
+            moment = self.moments_[name].to(weight.device)
             v_null, _ = null_space_split(moment, ns.eps, jitter=ns.eigen_jitter)
-            out[f"{name}.weight"] = soft_projector(v_null, ns.soft).to(module.weight.dtype)
+            out[f"{name}.weight"] = soft_projector(v_null, ns.soft).to(weight.dtype)
         return out
 
     def train_task(self, backbone: Backbone, raws: Sequence, labels, *, generator,
@@ -352,7 +366,8 @@ class Strategy:
         if not num_workers:
             return ((idx, self._inputs(bb, [raws[i] for i in idx.tolist()], generator))
                     for idx in steps)
-        plans = ((idx, _draws(map(raws.__getitem__, idx.tolist()), tc.augment, generator))
+        augment = self._open_task().augment
+        plans = ((idx, _draws(map(raws.__getitem__, idx.tolist()), augment, generator))
                  for idx in steps)
         return prefetched(partial(_planned_inputs, bb, raws), plans,
                           num_workers=min(num_workers, tc.steps), device=bb.device)
@@ -360,7 +375,7 @@ class Strategy:
     def _inputs(self, bb: Backbone, batch: list, generator: torch.Generator) -> dict:
         """Model inputs (CPU) of a training batch, built in this process (augmented if
         configured)."""
-        return _build(bb, batch, _draws(batch, self.config.train.augment, generator))
+        return _build(bb, batch, _draws(batch, self._open_task().augment, generator))
 
     @staticmethod
     def _projection(params: dict, projectors: dict[str, torch.Tensor]):
@@ -368,8 +383,9 @@ class Strategy:
             with torch.no_grad():
                 for name, P in projectors.items():
                     g = params[name].grad
-                    if g is not None:
-                        g.copy_(g @ P)
+                    if g is not None:  # a 1x1 convolution's (out, in, 1, 1) as (out, in)
+                        matrix = linear_weight(g)
+                        matrix.copy_(matrix @ P)
 
         return project
 

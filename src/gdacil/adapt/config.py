@@ -31,10 +31,17 @@ __all__ = ["PARAMS", "StrategyConfig", "TrainConfig"]
 PARAMS = ("none", "mlp", "lora")
 
 
-def _augment(value: Any, path: str) -> AugmentConfig | None:
-    """``augment`` as a config: ``True`` is the default augmentation, ``False`` none."""
+#: ``train.augment`` value: the default augmentation on image backbones, none on the others
+AUTO = "auto"
+
+
+def _augment(value: Any, path: str) -> AugmentConfig | str | None:
+    """``augment`` as a config: ``True`` is the default augmentation, ``False`` none, ``"auto"``
+    the default augmentation for images and none for other inputs."""
     if isinstance(value, bool):
         return AugmentConfig() if value else None
+    if value == AUTO:
+        return AUTO
     return None if value is None else AugmentConfig.from_dict(value, where=path)
 
 
@@ -76,11 +83,14 @@ class TrainConfig(TypedConfig):
         Task loss: symmetric cross-entropy (paper) or cross-entropy (reference RandProj).
     sce_lambda1, sce_lambda2 : float
         SCE weights of CE and reverse CE (0.5, 0.5).
-    augment : AugmentConfig or None
+    augment : AugmentConfig, "auto" or None
         Random resized crop, flip and brightness jitter for image backbones (the reference
-        code's training transform; the LR-RGDA paper does not describe one). None (the default, and
-        required for text) feeds the evaluation preprocessing. ``True``/``False`` are accepted
-        for the default augmentation / none.
+        code's training transform; the LR-RGDA paper does not describe one). ``"auto"``: the
+        default :class:`~gdacil.adapt.AugmentConfig` when the trained backbone takes images,
+        none for other inputs (what ``gdacil learn --strategy`` sets). None (the default, so
+        that runs and models saved before ``"auto"`` existed resume as they were) feeds the
+        evaluation preprocessing; an explicit config on a text backbone is refused.
+        ``True``/``False`` are accepted for the default augmentation / none.
     """
 
     steps: int = 1000
@@ -95,7 +105,7 @@ class TrainConfig(TypedConfig):
     loss: str = "sce"
     sce_lambda1: float = 0.5
     sce_lambda2: float = 0.5
-    augment: AugmentConfig | None = field(default=None, metadata={"parse": _augment})
+    augment: AugmentConfig | str | None = field(default=None, metadata={"parse": _augment})
 
     def __post_init__(self):
         self._coerce_nested()
@@ -109,6 +119,9 @@ class TrainConfig(TypedConfig):
         check_range(self.warmup_ratio, "warmup_ratio", high=1.0)
         check_range(self.final_lr_ratio, "final_lr_ratio", high=1.0)
         check_choice(self.loss, "loss", tuple(LOSSES))
+        if isinstance(self.augment, str) and self.augment != AUTO:
+            raise ValueError(f"augment must be a mapping, true, false, null or {AUTO!r}; "
+                             f"got {self.augment!r}")
         check_range(self.sce_lambda1, "sce_lambda1")
         check_range(self.sce_lambda2, "sce_lambda2")
 

@@ -1,6 +1,7 @@
 """Null-space projection (NSP) of the gradients of trained linear weights.
 
-For every trained linear ``y = W x`` (``W``: out x in) we keep the accumulated *uncentred*
+For every trained linear ``y = W x`` (``W``: out x in; a 1x1 convolution is one, applied to every
+pixel's channel vector, whose inputs are then the pixels) we keep the accumulated *uncentred*
 second moment of its inputs over the earlier tasks' training samples,
 
     S_new = X^T X / n     (over all non-padding tokens of the task's training samples),
@@ -27,12 +28,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
 
 from .._validation import check_positive_int, check_range
 from ..backbones import Backbone
+from ..backbones.blocks import linear_input, linear_weight
 from ..typed_config import TypedConfig
 
 __all__ = [
@@ -82,10 +85,10 @@ class NullSpaceConfig(TypedConfig):
 
 
 def input_moment_sums(
-    backbone: Backbone, linears: Mapping[str, nn.Linear], raws: Sequence, *, batch_size: int
+    backbone: Backbone, linears: Mapping[str, nn.Module], raws: Sequence, *, batch_size: int
 ) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
     """Uncentred input sums ``X^T X`` (float64) of each linear and the number of rows of ``X``,
-    over every token of ``raws`` (positions where the inputs' ``attention_mask`` is 0 are left
+    over every token (every pixel, for a 1x1 convolution) of ``raws`` (positions where the inputs' ``attention_mask`` is 0 are left
     out), with the model in evaluation mode and without gradients. ``raws`` may be empty (zero
     sums and counts), so the sums of shards add up to the sums of the whole."""
     sums: dict[str, torch.Tensor] = {}
@@ -93,8 +96,8 @@ def input_moment_sums(
     mask: list[torch.Tensor | None] = [None]
 
     def hook_for(name):
-        def hook(_module, args):
-            x = args[0].detach()
+        def hook(module, args):
+            x = linear_input(module, args[0].detach())  # a 1x1 convolution: one row per pixel
             x = x.reshape(-1, x.shape[-1]) if mask[0] is None else x[mask[0]]
             xx = (x.T @ x).double()
             sums[name] = xx if name not in sums else sums[name] + xx
@@ -119,13 +122,14 @@ def input_moment_sums(
         backbone.model.train(was_training)
     for name, m in linears.items():
         if name not in sums:
-            width = m.weight.shape[1]
-            sums[name] = torch.zeros(width, width, dtype=torch.float64, device=m.weight.device)
+            weight = linear_weight(cast(torch.Tensor, m.weight))
+            sums[name] = torch.zeros(weight.shape[1], weight.shape[1], dtype=torch.float64,
+                                     device=weight.device)
     return sums, counts
 
 
 def input_second_moments(
-    backbone: Backbone, linears: Mapping[str, nn.Linear], raws: Sequence, *, batch_size: int
+    backbone: Backbone, linears: Mapping[str, nn.Module], raws: Sequence, *, batch_size: int
 ) -> dict[str, torch.Tensor]:
     """Uncentred second moments ``X^T X / n`` (float64) of the inputs of each linear, over every
     token of ``raws`` (see :func:`input_moment_sums`)."""

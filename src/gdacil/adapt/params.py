@@ -2,7 +2,9 @@
 
 SeqFT, as in the reference code, trains only the weight matrices of the two MLP linears of every
 transformer block (ViT ``mlp.fc1``/``mlp.fc2``, BERT ``intermediate.dense``/``output.dense``);
-their biases, attention, norms and embeddings stay frozen.
+their biases, attention, norms and embeddings stay frozen. Which layers those are, the backbone
+says (``Backbone.blocks()``): in EfficientNet-Lite0 they are the 1x1 expansion and projection
+convolutions of its inverted-bottleneck blocks (docs/backbones.md).
 """
 
 from __future__ import annotations
@@ -20,14 +22,15 @@ __all__ = ["ROLES", "block_linears", "mlp_weight_names", "restore_trainable", "s
 ROLES = ("attention", "attention_out", "mlp_in", "mlp_out")
 
 
-def block_linears(backbone: Backbone, roles: Sequence[str]) -> dict[str, nn.Linear]:
-    """The linears with the given roles in every block, by module path inside ``backbone.model``
-    (block order, then the order of ``roles``)."""
+def block_linears(backbone: Backbone, roles: Sequence[str]) -> dict[str, nn.Module]:
+    """The linears (``nn.Linear``, or 1x1 ``nn.Conv2d`` in a CNN) with the given roles in every
+    block, by module path inside ``backbone.model`` (block order, then the order of
+    ``roles``)."""
     unknown = sorted(set(roles) - set(ROLES))
     if unknown:
         raise ValueError(f"unknown block role(s) {unknown}; known: {', '.join(ROLES)}")
     path_of = {id(m): name for name, m in backbone.model.named_modules()}
-    found: dict[str, nn.Linear] = {}
+    found: dict[str, nn.Module] = {}
     for block in backbone.blocks():
         by_role = block.linears()
         for role in roles:

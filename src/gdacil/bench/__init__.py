@@ -16,6 +16,7 @@ BENCHMARKS = {
     "defaults": "gdacil.bench.defaults",
     "drift": "gdacil.bench.drift",
     "strategies": "gdacil.bench.strategies",
+    "strategies-images": "gdacil.bench.strategies_images",
     "scale": "gdacil.bench.scale",
     "ranpac-lambda": "gdacil.bench.ranpac_lambda",
     "pipeline": "gdacil.bench.pipeline",

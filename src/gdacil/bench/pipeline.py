@@ -92,7 +92,7 @@ class ModelSpec:
     modality: str                # "image" or "text"
     samples: int                 # extraction samples (at most, see pass_budget_s)
     batch_size: int
-    train_batch: int = 0         # 0: SeqFT does not apply (no transformer MLP weights)
+    train_batch: int = 0         # 0: SeqFT is not measured
     train_steps: int = 0         # SeqFT steps (at most, see pass_budget_s)
     about: str = ""
 
@@ -143,8 +143,8 @@ FULL = PipelineBenchConfig(
                              "transformers ViTModel, default config (ViT-B/16, 224 px, 86M "
                              "parameters), randomly initialised"),
         "efficientnet-lite0": ModelSpec("efficientnet-lite0", {}, "image", 256, 32,
-                                        about="ImageNet weights, 224 px; convolutional, so SeqFT "
-                                              "(transformer MLP weights) does not apply"),
+                                        about="ImageNet weights, 224 px; SeqFT not measured "
+                                              "here (benchmarks/stage1_speed.json)"),
         "minilm": ModelSpec("minilm", {}, "text", 512, 64, 16, 8,
                             "all-MiniLM-L6-v2, pretrained"),
     },

@@ -163,14 +163,16 @@ def sensitivity_tracks(cfg: StrategiesBenchConfig) -> dict:
 
 
 # ----------------------------------------------------------------------------- running
-def _execute(run: Run, out: Path, log) -> dict:
+def _execute(run: Run, out: Path, log, base: str = BASE_CONFIG) -> dict:
+    """``gdacil run base --resume`` with the run's overrides (in a process of its own), unless
+    it finished earlier; returns its wall-time record."""
     run_dir = out / "runs" / run.name
     run_dir.mkdir(parents=True, exist_ok=True)
     wall_file = run_dir / "bench_wall.json"
     if (run_dir / "results.json").is_file() and wall_file.is_file():
         log(f"{run.name}: done earlier, kept")
         return json.loads(wall_file.read_text())
-    cmd = [sys.executable, "-m", "gdacil", "run", BASE_CONFIG, "--resume"]
+    cmd = [sys.executable, "-m", "gdacil", "run", base, "--resume"]
     for item in run.overrides:
         cmd += ["--set", item]
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}

@@ -53,6 +53,9 @@ def learner_commands(sub) -> None:
                        help="a head parameter, e.g. rank=32")
     learn.add_argument("--strategy", help="Stage-1 strategy that trains the backbone "
                                           "(gdacil list strategies); default: frozen")
+    learn.add_argument("--strategy-option", action="append", default=[], metavar="KEY=VALUE",
+                       help="an option of --strategy (dotted keys, value as JSON), e.g. "
+                            "train.steps=100 or kd_weight=0.5")
     learn.add_argument("--compensator", help="drift compensator used when the strategy trains "
                                              "the backbone; default: hopdc")
     learn.add_argument("--text-column", default="text", metavar="C",
@@ -316,13 +319,34 @@ def _options(items: list[str], flag: str) -> dict:
     return out
 
 
+def _strategy(args) -> dict | None:
+    """``--strategy`` with its ``--strategy-option`` overrides (dotted keys nest); images train
+    with the paper's augmentation unless ``train.augment`` says otherwise (``"auto"``: none for
+    texts)."""
+    options = _options(args.strategy_option, "--strategy-option")
+    if options and not args.strategy:
+        raise ValueError("--strategy-option needs --strategy")
+    if not args.strategy:
+        return None
+    spec: dict = {"name": args.strategy, "train": {"augment": "auto"}}
+    for key, value in options.items():
+        *parents, leaf = key.split(".")
+        node = spec
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):  # e.g. train=... then train.steps=...
+                raise ValueError(f"--strategy-option {key}=...: {part} is not a section")
+        node[leaf] = value
+    return spec
+
+
 # ---------------------------------------------------------------------- commands
 def _learn(args) -> int:
     model = Path(args.model)
     chosen = {"backbone": args.backbone,
               "backbone_options": _options(args.backbone_option, "--backbone-option") or None,
               "head": args.head, "head_params": _options(args.head_param, "--head-param") or None,
-              "strategy": args.strategy and {"name": args.strategy},
+              "strategy": _strategy(args),
               "compensator": args.compensator and {"name": args.compensator},
               "seed": args.seed, "precision": args.precision}
     chosen = {k: v for k, v in chosen.items() if v is not None}
