@@ -15,7 +15,8 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
 from pathlib import Path
 
 import torch
@@ -64,7 +65,7 @@ class CorruptFileError(ValueError):
 
 
 def read_json(path: str | os.PathLike, advice: str | None = None, *,
-              allow_nan: bool = False):
+              allow_nan: bool = False) -> Any:
     """The JSON value stored in ``path``, parsed strictly: a file that is not UTF-8, not JSON,
     nested beyond Python's recursion limit or (unless ``allow_nan``) holding ``NaN`` or
     ``Infinity``, which JSON does not define and gdacil's checksums refuse, raises
@@ -80,12 +81,12 @@ def read_json(path: str | os.PathLike, advice: str | None = None, *,
         raise CorruptFileError(path, f"not valid JSON ({problem})", advice) from None
 
 
-def _no_constant(name: str):
+def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a JSON number")
 
 
 @contextlib.contextmanager
-def entries_of(path: str | os.PathLike, advice: str | None = None):
+def entries_of(path: str | os.PathLike, advice: str | None = None) -> Iterator[None]:
     """While the parsed content of ``path`` is read inside this block, an entry that is missing
     (``KeyError``) or of another type than expected (``TypeError``, ``AttributeError``,
     ``IndexError``) raises :class:`CorruptFileError` naming ``path`` and the entry, not a

@@ -29,12 +29,16 @@ def test_quick_run_writes_results_for_every_scenario(tmp_path, capsys):
         assert 0 < row["p50_ms"] <= row["p99_ms"] and math.isfinite(row["requests_per_s"])
         assert math.isclose(row["inputs_per_s"], row["requests_per_s"] * row["inputs_per_request"])
     heavy = model["heavy"]
-    assert [r["heavy"] for r in heavy] == ["none", "one 2-megapixel image", "256 images"]
+    assert [r["heavy"] for r in heavy] == ["none", "one 2-megapixel image", "256 images",
+                                           "reject_rate 1e-06", "reject_rate 1e-300",
+                                           "2**18 separators of nested lists"]
     for row in heavy:
         assert row["light_errors"] == 0 and row["light_clients"] == 3
         assert 0 < row["light_p50_ms"] <= row["light_p99_ms"] <= row["light_max_ms"]
         assert row["heavy_requests"] >= (row["heavy"] != "none")
-        assert row["heavy_errors"] == []
+        # the hostile bodies are refused, each at once; the others are answered
+        hostile = row["heavy"].startswith(("reject_rate", "2**18"))
+        assert row["heavy_errors"] == ([400] if hostile else [])
     # the default model (auto) and every other precision, on the same inputs
     from gdacil.backbones.base import resolve_precision
 

@@ -142,7 +142,7 @@ class KeptCasts:
     """
 
     def __init__(self):
-        self._held: tuple[Backbone, int, object] | None = None
+        self._held: tuple[Backbone, int, torch.autocast] | None = None
 
     def keep(self, backbone: Backbone) -> None:
         """Keep ``backbone``'s casts in this thread from now on (those kept before are freed)."""

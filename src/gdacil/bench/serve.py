@@ -471,7 +471,7 @@ def render(payload: dict) -> str:
 
 def _precisions(models: dict) -> list[str]:
     """The precisions every model ran, in the order of the first."""
-    first = next((m["precisions"] for m in models.values() if "precisions" in m), {})
+    first: dict = next((m["precisions"] for m in models.values() if "precisions" in m), {})
     return list(first)
 
 

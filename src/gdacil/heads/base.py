@@ -511,9 +511,12 @@ class GaussianHead(Params, Presets, Stateful, ABC):
             (the two defaults) see every input rescaled towards the root mean square norm of
             the known data (:func:`gdacil.novelty.to_typical_norm`).
 
-        Raises ``ValueError`` naming the first sample whose score is NaN or inf (finite
-        features so large that its distances overflow float64), as :meth:`predict` does for
-        class scores: no such score is ever compared with a threshold.
+        Raises
+        ------
+        ValueError
+            Naming the first sample whose score is NaN or inf (finite features so large that
+            its distances overflow float64), as :meth:`predict` does for class scores: no such
+            score is ever compared with a threshold.
 
         Examples
         --------
