@@ -16,8 +16,8 @@ import re
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn
 from pathlib import Path
+from typing import Any, NoReturn
 
 import torch
 
