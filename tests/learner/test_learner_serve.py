@@ -411,6 +411,22 @@ def wait_until_serving(process: subprocess.Popen, url: str) -> None:
     wait_for(up, seconds=120)
 
 
+def readme_curl_answer(serve_line: str, curl: str) -> dict:
+    """The JSON answer of the README's ``curl`` line against the server ``serve_line`` starts."""
+    import shlex
+
+    server, url = start_readme_server(serve_line)
+    try:
+        wait_until_serving(server, url)
+        command = shlex.split(curl.replace("localhost:8000", url.removeprefix("http://")))
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+    finally:
+        server.terminate()
+        server.communicate(timeout=60)
+
+
 def start_readme_server(serve_line: str) -> tuple[subprocess.Popen, str]:
     """``gdacil serve`` as the README's ``serve_line`` starts it, on a free port: the process
     and its URL."""
@@ -544,7 +560,6 @@ def readme_rejection_lines() -> list[str]:
 
 @needs_minilm
 def test_the_readme_rejection_example_works_against_a_live_server(tmp_path, monkeypatch):
-    import shlex
 
     monkeypatch.chdir(tmp_path)
     serve_line, curl = readme_rejection_lines()
@@ -553,16 +568,7 @@ def test_the_readme_rejection_example_works_against_a_live_server(tmp_path, monk
     learner.learn(*many_tickets())
     learner.save("tickets-model")
     assert learner.calibration.n_records == 120  # enough for the default rate of 5 %
-    server, url = start_readme_server(serve_line)
-    try:
-        wait_until_serving(server, url)
-        command = shlex.split(curl.replace("localhost:8000", url.removeprefix("http://")))
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr
-        answer = json.loads(done.stdout)
-    finally:
-        server.terminate()
-        server.communicate(timeout=60)
+    answer = readme_curl_answer(serve_line, curl)
     assert set(answer) == {"version", "predictions", "unknown", "novelty", "threshold"}
     assert answer["unknown"] == [False, True]  # what the README says
     assert answer["predictions"][0][0]["class"] == "billing"

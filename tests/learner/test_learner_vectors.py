@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import subprocess
 
 import numpy as np
 import pytest
@@ -311,22 +310,13 @@ def readme_vectors_lines() -> list[str]:
 
 @needs_serve
 def test_the_readme_vectors_lines_work(tmp_path, monkeypatch, capsys):
-    from test_learner_serve import start_readme_server, wait_until_serving
+    from test_learner_serve import readme_curl_answer
 
     monkeypatch.chdir(tmp_path)
     learn, serve, curl = readme_vectors_lines()
     X, y = blobs([0, 1, 2], 40, seed=19, dim=4, spread=3.0)
     write_parquet(tmp_path / "embeddings.parquet", X, y)
     ok(capsys, *shlex.split(learn)[1:])
-    server, url = start_readme_server(serve)
-    try:
-        wait_until_serving(server, url)
-        command = shlex.split(curl.replace("localhost:8000", url.removeprefix("http://")))
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr
-        answer = json.loads(done.stdout)
-    finally:
-        server.terminate()
-        server.communicate(timeout=60)
+    answer = readme_curl_answer(serve, curl)
     assert answer["unknown"] == [False, True]  # what the README says
     assert answer["predictions"][0][0]["class"] == "k0"

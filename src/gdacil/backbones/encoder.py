@@ -81,10 +81,10 @@ class EncoderBackbone(Backbone):
         sha256_json(identity)  # refuse what JSON cannot hold now, not at save
 
     def preprocess(self, raw: Sequence) -> dict[str, torch.Tensor]:
-        raise NotImplementedError("an EncoderBackbone encodes raw inputs itself (extract)")
+        raise NotImplementedError("an EncoderBackbone encodes raw inputs itself (extract)")  # intended: a refusal, not a stub
 
     def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        raise NotImplementedError("an EncoderBackbone has no differentiable forward; no "
+        raise NotImplementedError("an EncoderBackbone has no differentiable forward; no "  # intended: a refusal
                                   "strategy can train it")
 
     def prepare(self, raw: Sequence, *, batch_size: int | None = None) -> PreparedInputs:
