@@ -269,6 +269,22 @@ def test_frozen_never_and_randproj_only_on_the_first_task_change_the_backbone():
     assert rp.fingerprint() == fp1 and not lora_layers(bb.model)
 
 
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_the_weights_hash_follows_every_task(name):
+    """The hash taken before a task (the feature cache's key, a model's backbone identity) is
+    never reused for the weights after it: a LoRA merge writes through ``weight.data``, which
+    torch's version counter does not see."""
+    bb = tiny_vit()
+    s = build_strategy(name, train={**FAST, "lr": 1e-2})
+    for t in range(2):
+        before = bb.fingerprint()
+        s.adapt_task(bb, t, IMAGES, LABELS + 10 * t, generator=t)
+        after = bb.fingerprint()
+        bb.forget_fingerprint()
+        assert after == bb.fingerprint()  # what the weights hash to, from scratch
+        assert (after != before) == s.trains_on(t)
+
+
 # ---------------------------------------------------------------- memory over tasks
 
 

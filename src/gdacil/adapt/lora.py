@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
+from torch.autograd.graph import increment_version
 
 from .._optional import require
 from .._random import isolated_global_seed
@@ -119,6 +120,10 @@ def merge_lora(backbone: Backbone) -> int:
     layers = lora_layers(model)
     for name, layer in layers.items():
         layer.merge(adapter_names=[ADAPTER])
+        # PEFT writes the merge through ``weight.data``, which torch's version counter does not
+        # see; without this, a weights hash cached before the task (the feature cache's key,
+        # a model's recorded backbone identity) would still be taken for the merged weights
+        increment_version(layer.get_base_layer().weight)
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, layer.get_base_layer())
     if hasattr(model, "peft_config"):  # bookkeeping that inject_adapter_in_model may leave
