@@ -285,6 +285,28 @@ def test_the_weights_hash_follows_every_task(name):
         assert (after != before) == s.trains_on(t)
 
 
+def test_the_feature_cache_serves_each_task_the_features_of_its_weights(tmp_path):
+    """As the runner reads them: the anchors before a LoRA task, then the test samples after it,
+    through one feature cache; every read equals an extraction under the weights of the time."""
+    from gdacil.data import FeatureCache
+
+    bb, cache = tiny_vit(), FeatureCache(tmp_path)
+    samples = {f"s{i}": image for i, image in enumerate(random_images(8, seed=4))}
+    anchors, tests = list(samples)[:4], list(samples)[4:]
+
+    def features(ids):
+        return cache.get_or_compute(bb, ids, lambda keys: [samples[k] for k in keys],
+                                    content=None, batch_size=4)
+
+    s = build_strategy("lora_seqft", train={**FAST, "lr": 5e-2})
+    for t in range(3):
+        features(anchors)
+        s.adapt_task(bb, t, IMAGES, LABELS + 10 * t, generator=t)
+        for ids in (tests, anchors):
+            assert torch.allclose(features(ids), bb.extract([samples[k] for k in ids],
+                                                            batch_size=4), atol=1e-5)
+
+
 # ---------------------------------------------------------------- memory over tasks
 
 

@@ -174,6 +174,9 @@ class FeatureCache:
     def _key_inputs(fingerprint: str, ids: Sequence[str], namespace: str,
                     content: Sequence[str] | None = None) -> dict:
         inputs = {
+            # entries written before 2 may hold the features of LoRA-merged weights under the
+            # hash of the weights before the merge (fixed in gdacil.adapt.lora.merge_lora)
+            "format": 2,
             "backbone": fingerprint,
             "ids_sha256": sha256_strings(ids),
             "n": len(ids),
