@@ -277,3 +277,30 @@ def test_learn_with_seqft_trains_the_image_backbone_end_to_end(tmp_path, capsys)
     assert {p["class"] for p in predictions[0]["predictions"]} == {"mammals", "birds", "flowers"}
     assert "needs --strategy" in fails(capsys, "learn", tmp_path / "other", "--data", first,
                                        "--strategy-option", "train.steps=2")
+
+
+@needs_transformers
+@pytest.mark.filterwarnings("ignore:topk=400 exceeds the number of anchors")
+def test_learn_accepts_the_strategy_a_model_has_and_refuses_another(tmp_path, capsys):
+    """Repeating ``--strategy`` (and options) that a model already has is accepted, whichever
+    defaults the CLI gives new models now (a model made when ``--strategy`` set no augmentation
+    keeps none); a strategy or option that would change it is refused."""
+    from gdacil.learner import Learner
+
+    image_folder(tmp_path / "first", ["red", "green"], 4)
+    image_folder(tmp_path / "second", ["blue"], 4, seed=1)
+    model = tmp_path / "model"
+    made_earlier = Learner(backbone="vit", backbone_options={"config": TINY_VIT},
+                           strategy={"name": "seqft", "train": {"steps": 1, "batch_size": 4}})
+    made_earlier.learn(tmp_path / "first")
+    made_earlier.save(model)
+    for flags in (["--strategy", "seqft", "--strategy-option", "train.steps=3"],
+                  ["--strategy", "lora_seqft"],
+                  ["--strategy", "seqft", "--strategy-option", "train.augment=auto"]):
+        error = fails(capsys, "learn", model, "--data", tmp_path / "second", *flags)
+        assert "already exists with strategy" in error and "--strategy" in error
+    out = ok(capsys, "learn", model, "--data", tmp_path / "second", "--strategy", "seqft",
+             "--strategy-option", "train.steps=1")
+    assert "v2" in out and "3 classes in all" in out
+    info = json.loads((model / "versions" / "v2" / "learner.json").read_text())
+    assert info["config"]["strategy"] == {"name": "seqft", "train": {"steps": 1, "batch_size": 4}}

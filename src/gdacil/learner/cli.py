@@ -320,15 +320,14 @@ def _options(items: list[str], flag: str) -> dict:
 
 
 def _strategy(args) -> dict | None:
-    """``--strategy`` with its ``--strategy-option`` overrides (dotted keys nest); images train
-    with the paper's augmentation unless ``train.augment`` says otherwise (``"auto"``: none for
-    texts)."""
+    """``--strategy`` with its ``--strategy-option`` overrides (dotted keys nest): what the user
+    chose, without the defaults of a new model (:func:`_new_model_strategy`)."""
     options = _options(args.strategy_option, "--strategy-option")
     if options and not args.strategy:
         raise ValueError("--strategy-option needs --strategy")
     if not args.strategy:
         return None
-    spec: dict = {"name": args.strategy, "train": {"augment": "auto"}}
+    spec: dict = {"name": args.strategy}
     for key, value in options.items():
         *parents, leaf = key.split(".")
         node = spec
@@ -338,6 +337,26 @@ def _strategy(args) -> dict | None:
                 raise ValueError(f"--strategy-option {key}=...: {part} is not a section")
         node[leaf] = value
     return spec
+
+
+def _new_model_strategy(spec: dict) -> dict:
+    """A new model's strategy: images train with the paper's augmentation unless
+    ``train.augment`` says otherwise (``"auto"``: none for texts)."""
+    train = spec.get("train", {})
+    if not isinstance(train, dict) or "augment" in train:
+        return spec
+    return {**spec, "train": {**train, "augment": "auto"}}
+
+
+def _same_strategy(stored: dict, given: dict) -> bool:
+    """Whether ``--strategy`` and its options, laid over a model's own strategy, leave it as it
+    is (so repeating the flag a model was created with, options or not, is accepted)."""
+    from ..adapt import build_strategy
+    from ..cil.config import StrategySpec
+
+    own = StrategySpec.from_dict(stored, where="strategy").build().config
+    overrides = {k: v for k, v in given.items() if k != "name"}
+    return given["name"] == own.name and build_strategy(own, **overrides).config == own
 
 
 # ---------------------------------------------------------------------- commands
@@ -388,7 +407,8 @@ def _learn_into(args, model: Path, chosen: dict) -> int:
         learner = Learner.load(model)
         config = learner.config.to_dict()
         for key, value in chosen.items():
-            if config[key] != value:
+            if not (_same_strategy(config[key], value) if key == "strategy"
+                    else config[key] == value):
                 flag = "--" + key.replace("_options", "-option").replace("_params", "-param")
                 raise ValueError(f"{model} already exists with {key.replace('_', ' ')} "
                                  f"{config[key]!r}; {flag} applies only when a model is created")
@@ -396,6 +416,8 @@ def _learn_into(args, model: Path, chosen: dict) -> int:
         check_new_model_dir(model)  # before any work
         if "backbone" not in chosen:
             chosen["backbone"] = _default_backbone(args)
+        if "strategy" in chosen:
+            chosen["strategy"] = _new_model_strategy(chosen["strategy"])
         learner = Learner(**chosen)
     if args.statistics is not None:
         if args.max_per_class is not None:
