@@ -1,6 +1,7 @@
 """The inbox of ``gdacil serve --inbox``: bounded by count and bytes (the oldest unlabelled item
 dropped first, never a labelled one), every write atomic, everything read back after a restart,
-and the bounds hold at every moment under concurrent writers."""
+the bounds hold at every moment under concurrent writers, and a labelled item is learned once
+even when the process dies between saving the learn and removing the item."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import threading
 
 import pytest
 
+from gdacil.learner import Learner, rollback
 from gdacil.learner.inbox import Inbox
+from gdacil.learner.serve import ModelService
 
 UNKNOWN = {"predictions": [{"class": "red", "score": 1.0, "probability": 0.99}],
            "unknown": True, "novelty": -5.0, "threshold": -2.0}
@@ -177,3 +180,62 @@ def test_the_bounds_hold_at_every_moment_under_concurrent_writers(tmp_path):
     assert on_disk(tmp_path) == (len(inbox), inbox.bytes)
     kept = {i.id: i for i in Inbox(tmp_path, max_items=max_items, max_bytes=max_bytes).items()}
     assert labelled and all(kept.get(i.id) == i for i in labelled)
+
+
+class Crash(BaseException):
+    """The process dying at the point it is raised (no handler of the service catches it)."""
+
+
+def vectors_model(directory):
+    """A vectors model of three classes (``k0``, ``k1``, ``k2``, 10 samples each), saved as v1."""
+    learner = Learner("vectors")
+    X = [[float(n % 5) / 5 + (3.0 if d == c else 0.0) for d in range(4)]
+         for c in range(3) for n in range(10)]
+    learner.learn(X, [f"k{c}" for c in range(3) for _ in range(10)])
+    learner.save(directory)
+    return directory
+
+
+def crashed_inbox_learn(tmp_path, monkeypatch):
+    """Three items in an inbox over a vectors model, two labelled ``k3`` and learned by an
+    inbox learn whose process died after saving v2, before removing them; the third is labelled
+    ``k3`` after the crash. ``(model, inbox folder, the ids learned, the id labelled since)``."""
+    model = vectors_model(tmp_path / "model")
+    inbox = Inbox(tmp_path / "inbox")
+    items = [inbox.offer([0.1 * n, 0.0, 0.0, 3.0], UNKNOWN, "v1") for n in range(3)]
+    for item in items[:2]:
+        inbox.label(item.id, "k3")
+    service = ModelService(model, poll=0, allow_learn=True, inbox=inbox)
+
+    def die(self, learned):
+        raise Crash
+
+    with monkeypatch.context() as patch, pytest.raises(Crash):
+        patch.setattr(Inbox, "remove", die)
+        service.inbox_learn()
+    assert Learner.load(model).version == "v2" and len(inbox.labelled()) == 2  # saved, kept
+    inbox.label(items[2].id, "k3")
+    return model, tmp_path / "inbox", [i.id for i in items[:2]], items[2].id
+
+
+def test_items_a_saved_version_learned_are_not_learned_again_after_a_crash(tmp_path,
+                                                                             monkeypatch):
+    model, folder, _, later = crashed_inbox_learn(tmp_path, monkeypatch)
+    inbox = Inbox(folder)  # a new process over the same folders
+    service = ModelService(model, poll=0, allow_learn=True, inbox=inbox)
+    at_start = [i.id for i in inbox.items()]
+    answer = service.inbox_learn()
+    assert Learner.load(model).class_counts()["k3"] == 3  # 2 + 1, not 2 + 3
+    assert answer["version"] == "v3" and answer["learned"] == [later]
+    assert at_start == [later]  # those v2 learned were removed at startup
+    assert not inbox.items() and not Inbox(folder).items()
+
+
+def test_items_are_learned_again_after_a_rollback_to_before_their_learn(tmp_path, monkeypatch):
+    """The version that learned them is no longer current: the model lacks them, so the next
+    inbox learn learns them (nothing lost, nothing counted twice)."""
+    model, folder, learned, later = crashed_inbox_learn(tmp_path, monkeypatch)
+    rollback(model, "v1")
+    service = ModelService(model, poll=0, allow_learn=True, inbox=Inbox(folder))
+    assert service.inbox_learn()["learned"] == [*learned, later]
+    assert Learner.load(model).class_counts()["k3"] == 3

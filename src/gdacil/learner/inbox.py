@@ -12,6 +12,11 @@ the item files): to make room for a new item the oldest unlabelled items are del
 before the new one is written, so the folder never holds more. Labelled items are never
 dropped to make room (they are a person's work): when only labelled items are left, a new input
 is not kept. The same input (byte for byte) is kept once.
+
+A labelled item is learned once: the version an inbox learn saves records each item's
+:attr:`InboxItem.key` in its history, and ``gdacil serve`` removes (or, when it cannot, skips)
+every labelled item whose key the current version's history holds, so a process that died
+between saving that version and removing its items does not learn them again.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ __all__ = ["Inbox", "InboxItem"]
 _log = logging.getLogger(__name__)
 #: The file name of an item: its id, twelve digits in arrival order
 _ITEM_FILE = re.compile(r"^(\d{12})\.json$")
+#: Hex characters of an item's key: 64 bits, as a model's history holds one per item learned
+KEY_CHARS = 16
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,14 @@ class InboxItem:
     def encode(self) -> bytes:
         return json.dumps(self.to_dict(), ensure_ascii=False, allow_nan=False,
                           separators=(",", ":")).encode("utf-8")
+
+    @property
+    def key(self) -> str:
+        """What a version that learns this item records of it: a hash of its id, digest, arrival
+        and label, so the item relabelled, or another one kept under a freed id, has another
+        key (and a forgotten class's name is not left in the history)."""
+        fields = json.dumps([self.id, self.digest, self.received, self.label])
+        return hashlib.sha256(fields.encode("utf-8")).hexdigest()[:KEY_CHARS]
 
 
 class Inbox:

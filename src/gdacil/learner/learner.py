@@ -211,6 +211,9 @@ def _single(inputs) -> bool:
     return getattr(inputs, "ndim", 4) <= 3 and not isinstance(inputs, (list, tuple))
 
 
+#: The fields of a learn's history event that :meth:`Learner.learn` writes itself
+_LEARN_EVENT_FIELDS = frozenset({"action", "source", "samples", "new", "updated", "version"})
+
 class Learner:
     """A continual classifier over raw images or texts, or vectors (``Learner("vectors")``).
 
@@ -444,6 +447,12 @@ class Learner:
         """The saved version this learner was loaded from or last saved as."""
         return self._origin[1] if self._origin else None
 
+    @property
+    def history(self) -> list[dict]:
+        """What changed the model, oldest first: the events of the saved versions it continues
+        (each names its ``version``), then those :meth:`save` has not written yet (a copy)."""
+        return _copy.deepcopy([*self._history, *self._pending])
+
     def _names(self, ids: Iterable[int]) -> list[str]:
         names = {i: n for n, i in self._ids.items()}
         return [names[int(i)] for i in ids]
@@ -451,7 +460,7 @@ class Learner:
     # ------------------------------------------------------------------ learning
     def learn(self, data, labels=None, *, text_column: str = "text", label_column: str = "label",
               vector_column: str = "vector", max_per_class: int | None = None,
-              progress: bool = False) -> LearnReport:
+              progress: bool = False, event: dict | None = None) -> LearnReport:
         """Add the classes of ``data`` and update those the model already holds.
 
         Parameters
@@ -471,14 +480,20 @@ class Learner:
             Learn at most this many samples per class (drawn with the learner's seed).
         progress : bool
             Progress bars for feature extraction.
+        event : dict, optional
+            More JSON-able fields for this learn's event in the :attr:`history` (what
+            ``gdacil serve`` records of the inbox items it learns).
 
         Returns
         -------
         LearnReport
         """
+        event = dict(event or {})
+        if own := sorted(set(event) & _LEARN_EVENT_FIELDS):
+            raise ValueError(f"event fields {own} are the history's own; name yours otherwise")
         if self.modality == "vector":
             return self._learn_vectors(self._vector_table(data, labels, vector_column,
-                                                          label_column), max_per_class)
+                                                          label_column), max_per_class, event)
         samples = self._read_samples(data, labels, text_column, label_column)
         t = self._steps
         if max_per_class is not None:
@@ -507,7 +522,7 @@ class Learner:
         self._reservoir, self._calibration = reservoir, calibration
         return self._learned(bb, ids, LearnReport(
             samples.source, len(samples), tuple(learned), tuple(fresh), tuple(updated),
-            samples.skipped, trains, compensate))
+            samples.skipped, trains, compensate), **event)
 
     def _read_samples(self, data, labels, text_column: str, label_column: str) -> Samples:
         """The samples of ``data`` for this (text or image) model, of its modality."""
@@ -575,7 +590,8 @@ class Learner:
             return _vectors_backbone(dim, self.device)
         return self.backbone
 
-    def _learn_vectors(self, table: VectorTable, max_per_class: int | None) -> LearnReport:
+    def _learn_vectors(self, table: VectorTable, max_per_class: int | None,
+                       event: dict) -> LearnReport:
         """Learn a table of vectors a chunk at a time (:data:`~gdacil.learner.vectors.CHUNK_ROWS`
         rows): their class statistics are accumulated as they are read, and only the
         calibration records (at most :data:`MAX_RECORDS`) are kept. Under ``torchrun`` each
@@ -612,7 +628,7 @@ class Learner:
             self.config = dataclasses.replace(
                 self.config, backbone_options={**self.config.backbone_options, "dim": table.dim})
         self._backbone = bb
-        return self._learned(bb, ids, report)
+        return self._learned(bb, ids, report, **event)
 
     def _record_folds(self, t: int, y: torch.Tensor) -> torch.Tensor:
         """The calibration fold of each sample of learn ``t`` (``-1``: not a record), as

@@ -25,7 +25,7 @@ Endpoints (JSON in and out; every error is ``{"error": "<what is wrong>"}`` with
 ``POST /rollback`` ``{"version": "v2"}``: that version is made current and answers
 ``GET /inbox``     with an inbox (:mod:`gdacil.learner.inbox`): its items, oldest first;
                    ``POST /inbox/{id}/label`` ``{"label": ...}``, ``POST /inbox/{id}/discard``
-                   and ``POST /inbox/learn`` (every labelled item in one learn) act on them
+                   and ``POST /inbox/learn`` (every labelled item in one learn, once) act on them
 ``GET /metrics``   the Prometheus text format (:mod:`gdacil.learner.metrics`)
 ``GET /``          the console: a page over these endpoints (``gdacil/learner/console/``)
 =================  ================================================================================
@@ -229,7 +229,6 @@ class ModelService:
 
         self._casts = KeptCasts()  # the prediction worker's
         self._learn_lock = threading.Lock()
-        self._inbox_learn_lock = threading.Lock()  # one inbox learn at a time: none twice
         self._problem: str | None = None  # why the current version is not the one served
         self._failed: tuple[str, float] | None = None  # a version that failed to load, when
         self._stop = threading.Event()
@@ -238,6 +237,8 @@ class ModelService:
                                               max_pending=max_pending,
                                               batch_seconds=batch_seconds)
         self._learner = self._load()
+        if inbox is not None:
+            self._unlearned(self._learner)  # removes what the version learned already
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "ModelService":
@@ -546,28 +547,29 @@ class ModelService:
             labels = [class_name(y, f"labels[{i}]") for i, y in enumerate(labels)]
         except ValueError as exc:
             raise RequestError(400, str(exc)) from None
-        return self._learn(inputs, labels)
+        with self._learn_lock:
+            return self._learn(inputs, labels)
 
-    def _learn(self, inputs: list, labels: list[str]) -> dict:
-        """Learn checked ``inputs`` with their class names ``labels`` (see :meth:`learn`)."""
+    def _learn(self, inputs: list, labels: list[str], event: dict | None = None) -> dict:
+        """Learn checked ``inputs`` with their class names ``labels`` (see :meth:`learn`), the
+        learn lock held; ``event``: more fields for the history's learn event."""
         from .bundle import BundleError
 
-        with self._learn_lock:
-            learner = self._learner.copy()
-            try:
-                report = learner.learn(inputs, labels)
-                answer = {"new": list(report.new), "updated": list(report.updated),
-                          "classes": len(learner.classes), "report": str(report)}
-                json.dumps(answer)  # an answer that cannot be sent must fail before the save
-                version = learner.save(self.directory)
-            except BundleError as exc:
-                raise RequestError(409, str(exc)) from None
-            except ValueError as exc:
-                raise RequestError(400, str(exc)) from None
-            except OSError as exc:  # a read-only or full disk: nothing of this learn is kept
-                raise RequestError(503, f"the learn could not be saved: {_os_problem(exc)}; "
-                                        "the model is unchanged") from None
-            self._learner, self._problem, self._failed = learner, None, None
+        learner = self._learner.copy()
+        try:
+            report = learner.learn(inputs, labels, event=event)
+            answer = {"new": list(report.new), "updated": list(report.updated),
+                      "classes": len(learner.classes), "report": str(report)}
+            json.dumps(answer)  # an answer that cannot be sent must fail before the save
+            version = learner.save(self.directory)
+        except BundleError as exc:
+            raise RequestError(409, str(exc)) from None
+        except ValueError as exc:
+            raise RequestError(400, str(exc)) from None
+        except OSError as exc:  # a read-only or full disk: nothing of this learn is kept
+            raise RequestError(503, f"the learn could not be saved: {_os_problem(exc)}; "
+                                    "the model is unchanged") from None
+        self._learner, self._problem, self._failed = learner, None, None
         return {"version": version, **answer}
 
     # ------------------------------------------------------------------ the console's operations
@@ -667,20 +669,47 @@ class ModelService:
         return {"discarded": item_id}
 
     def inbox_learn(self) -> dict:
-        """Learn every labelled item of the inbox in one learn (one new version), then remove
-        them: :meth:`learn`'s answer with ``"learned"``, the ids."""
+        """Learn every labelled item of the inbox in one learn (one new version, whose history
+        records the items' keys), then remove them: :meth:`learn`'s answer with ``"learned"``,
+        the ids. Items the current version learned already are removed, not learned again."""
         self._check_can_change()
-        with self._inbox_learn_lock:
-            labelled = self._inbox().labelled()
+        self._inbox()  # 404 without one
+        # the lock spans the check against the history and the learn: the version cannot
+        # change in between, and two inbox learns cannot both take an item
+        with self._learn_lock:
+            labelled = self._unlearned(self._learner)
             if not labelled:
                 raise RequestError(400, "no labelled inbox items to learn")
             inputs: list = []
             for start in range(0, len(labelled), self.max_inputs):  # decoded as requests are
                 inputs += self._inputs({"inputs": [i.input for i in
                                                    labelled[start:start + self.max_inputs]]})
-            answer = self._learn(inputs, [cast(str, i.label) for i in labelled])
-            self._inbox().remove(labelled)
+            answer = self._learn(inputs, [cast(str, i.label) for i in labelled],
+                                 {"inbox": [i.key for i in labelled]})
+            self._remove_learned(labelled, answer["version"])
         return {**answer, "learned": [i.id for i in labelled]}
+
+    def _unlearned(self, learner) -> list:
+        """The labelled inbox items ``learner`` has not learned; those its history says an inbox
+        learn learned (its process died before removing them) are removed."""
+        learned = {key for event in learner.history for key in event.get("inbox", ())}
+        labelled = self.inbox.labelled()
+        done = [i for i in labelled if i.key in learned]
+        if done:
+            _log.warning("gdacil serve: version %s has learned %d labelled inbox items "
+                         "already; removing them", learner.version, len(done))
+            self._remove_learned(done, learner.version)
+        return [i for i in labelled if i.key not in learned]
+
+    def _remove_learned(self, items: list, version: str | None) -> None:
+        """Remove inbox ``items`` that ``version`` learned; a disk that refuses leaves them, to
+        be skipped and removed by the next inbox learn."""
+        try:
+            self.inbox.remove(items)
+        except OSError as exc:
+            _log.warning("gdacil serve: %d inbox items version %s learned could not be "
+                         "removed (%s); they will not be learned again", len(items), version,
+                         _os_problem(exc))
 
 
 def _vectors(learner, inputs: list) -> list:
