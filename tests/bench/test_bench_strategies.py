@@ -159,8 +159,10 @@ def test_every_planned_image_run_is_a_valid_experiment(tmp_path):
             assert list(exp.heads) == ["lr_rgda"] and exp.anchors.n == 2048
             assert {exp.track_anchors(t) for t in exp.compensators} == {None, 256, 512, 1024, 2048}
             continue
-        assert set(exp.compensators) == {"none", "sldc", "hopdc", "hopdc_paper"}
+        assert set(exp.compensators) == {"none", "sldc", "hopdc", "hopdc_paper",
+                                         "hopdc_noshrink"}
         assert exp.compensators["hopdc"].defaults is None  # gdacil's default HopDC
+        assert exp.build_compensator("hopdc_noshrink").shrink is False
         built = exp.build_strategy().config
         assert built.train.steps == cfg.steps and built.train.augment == "auto"
 
@@ -171,7 +173,8 @@ def test_the_image_summary_follows_the_schema(tmp_path):
     cfg = images.ImageStrategiesConfig(datasets=("cifar10",), strategies=("seqft",),
                                        extra_seeds={})
     planned = images.plan_runs(cfg, tmp_path)
-    _fake_results(tmp_path, "cifar10-seqft-seed1993", 1993, images.TRACKS, images.HEADS, 0.5)
+    _fake_results(tmp_path, "cifar10-seqft-seed1993", 1993,
+                  {**images.TRACKS, **images.EXTRA_TRACKS}, images.HEADS, 0.5)
     _fake_results(tmp_path, "cifar10-tables", 1993, images.table_tracks(), ["lr_rgda"], 0.4)
     summary = images.summarize(cfg, tmp_path, planned, {})
     assert len(summary["runs"]) == 12 and summary["missing_runs"] == []
@@ -183,4 +186,10 @@ def test_the_image_summary_follows_the_schema(tmp_path):
         ("none", 0), *((c, n) for c in ("hopdc_paper", "sldc") for n in images.ANCHORS_N)}
     assert [r["tau"] for r in summary["tau"]] == list(images.TAUS)
     assert [r["topk"] for r in summary["topk"]] == list(images.TOPKS)
-    assert "| cifar10 | seqft | hopdc |" in images.render(summary)
+    # the default's variants are kept apart: the runs hold the schema's four compensators
+    assert {r["compensator"] for r in summary["runs"]} == set(images.TRACKS)
+    assert {r["compensator"] for r in summary["extra_runs"]} == {"hopdc_noshrink"}
+    assert len(summary["extra_runs"]) == 3
+    report = images.render(summary)
+    assert "| cifar10 | seqft | hopdc |" in report
+    assert "| dataset | strategy | hopdc | hopdc_noshrink |" in report

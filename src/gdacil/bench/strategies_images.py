@@ -16,7 +16,8 @@ Anchors come from another image set, as the paper takes ImageNet images: ``ancho
 (:data:`gdacil.bench.strategies.STEP_OVERRIDES`) and the default augmentation. One backbone
 trajectory per (set, strategy, seed) feeds the compensator tracks ``none``, ``sldc``
 (alpha1-SLDC as the paper ran it), ``hopdc`` (gdacil's default HopDC) and ``hopdc_paper``, and
-the heads LDA, SGD and LR-RGDA. Then, per set, one SeqFT trajectory with the paper's HopDC
+the heads LDA, SGD and LR-RGDA; ``hopdc_noshrink`` (the default HopDC without its
+cross-validated shrink) rides along on the same trajectories (``extra_runs``). Then, per set, one SeqFT trajectory with the paper's HopDC
 tables: N in {256, 512, 1024, 2048} external anchors for HopDC and alpha1-SLDC, ``tau`` in
 {0.01, 0.05, 0.25, 1}, ``topk`` in {100, 200, 400} (LR-RGDA head).
 
@@ -56,6 +57,8 @@ TRACKS = {"none": {"name": "identity"},
           "sldc": {"name": "sldc_linear", "defaults": "paper"},
           "hopdc": {"name": "hopdc"},
           "hopdc_paper": {"name": "hopdc", "defaults": "paper"}}
+#: Variants of gdacil's default measured beside it on the same trajectories (``extra_runs``)
+EXTRA_TRACKS = {"hopdc_noshrink": {"name": "hopdc", "shrink": False}}
 HEADS = {"lda": {"shrinkage": 0.1}, "sgd": {}, "lr_rgda": {"rank": 64}}
 #: The paper's HopDC tables: anchors N (HopDC and alpha1-SLDC), temperature, top-k
 ANCHORS_N = (256, 512, 1024, 2048)
@@ -93,7 +96,7 @@ def base_config(cfg: ImageStrategiesConfig, dataset: str) -> dict:
             "strategy": _image_strategy("seqft", cfg.steps),
             "anchors": {"n": cfg.anchors, "seed": 0, "include_current": True,
                         "dataset": cfg.anchor_set},
-            "compensators": TRACKS, "heads": HEADS, "progress": False,
+            "compensators": {**TRACKS, **EXTRA_TRACKS}, "heads": HEADS, "progress": False,
             "threads": cfg.threads}
 
 
@@ -171,7 +174,7 @@ def _results(out: Path, name: str) -> dict | None:
 def summarize(cfg: ImageStrategiesConfig, out: Path, planned: list[tuple[str, Run]],
               walls: dict) -> dict:
     """The issue's schema over the runs that finished (accuracies in percent)."""
-    rows, anchors_n, taus, topks, missing, minutes = [], [], [], [], [], {}
+    rows, extra, anchors_n, taus, topks, missing, minutes = [], [], [], [], [], [], {}
     for dataset, r in planned:
         res = _results(out, r.name)
         if res is None:
@@ -200,13 +203,13 @@ def summarize(cfg: ImageStrategiesConfig, out: Path, planned: list[tuple[str, Ru
         strategy = r.name[len(dataset) + 1:].rpartition("-seed")[0]
         for label, cell in cells.items():
             track, _, head = label.rpartition("/")
-            rows.append({"dataset": dataset, "backbone": "dinov2-imgfocus",
-                         "strategy": strategy, "seed": int(seed), "compensator": track,
-                         "head": head, "last_acc": 100 * cell["last_acc"],
-                         "inc_acc": 100 * cell["inc_acc"]})
-    return {"runs": rows, "anchors_n": anchors_n, "tau": taus, "topk": topks,
-            "missing_runs": missing, "wall_min": minutes, "config": asdict(cfg),
-            "machine": machine_info()}
+            (rows if track in TRACKS else extra).append(
+                {"dataset": dataset, "backbone": "dinov2-imgfocus", "strategy": strategy,
+                 "seed": int(seed), "compensator": track, "head": head,
+                 "last_acc": 100 * cell["last_acc"], "inc_acc": 100 * cell["inc_acc"]})
+    return {"runs": rows, "extra_runs": extra, "anchors_n": anchors_n, "tau": taus,
+            "topk": topks, "missing_runs": missing, "wall_min": minutes,
+            "config": asdict(cfg), "machine": machine_info()}
 
 
 def _recorded_min(out: Path, name: str) -> float | None:
@@ -241,6 +244,9 @@ def render(summary: dict) -> str:
                  for key, v in groups.items()]
         lines += [f"## {'Last-Acc' if metric == 'last_acc' else 'Inc-Acc'}", "",
                   markdown_table(["dataset", "strategy", "compensator", *heads], table)]
+    if summary.get("extra_runs"):
+        lines += ["## The default HopDC and its variants (Last-Acc, LR-RGDA)", "",
+                  _variants_table(summary)]
     for part, title, column in (("anchors_n", "Anchors N (LR-RGDA)", "n"),
                                ("tau", "HopDC temperature tau (N = 1024, LR-RGDA)", "tau"),
                                ("topk", "HopDC top-k (N = 1024, LR-RGDA)", "topk")):
@@ -257,6 +263,19 @@ def render(summary: dict) -> str:
         lines += ["## Runs not finished", "", "Planned, not finished when this was written: "
                   + ", ".join(f"`{r}`" for r in summary["missing_runs"]) + ".", ""]
     return "\n".join(lines)
+
+
+def _variants_table(summary: dict) -> str:
+    """LR-RGDA Last-Acc of ``hopdc`` beside each of :data:`EXTRA_TRACKS`, by set and strategy."""
+    tracks = ["hopdc", *EXTRA_TRACKS]
+    groups: dict = {}
+    for r in [*summary["runs"], *summary["extra_runs"]]:
+        if r["head"] == "lr_rgda" and r["compensator"] in tracks:
+            groups.setdefault((r["dataset"], r["strategy"]), {}).setdefault(
+                r["compensator"], []).append(r["last_acc"])
+    return markdown_table(["dataset", "strategy", *tracks],
+                          [[*key, *(_mean(v[t]) if t in v else "" for t in tracks)]
+                           for key, v in groups.items()])
 
 
 def main(argv: list[str] | None = None) -> int:
