@@ -174,7 +174,9 @@ def _results(out: Path, name: str) -> dict | None:
 def summarize(cfg: ImageStrategiesConfig, out: Path, planned: list[tuple[str, Run]],
               walls: dict) -> dict:
     """The issue's schema over the runs that finished (accuracies in percent)."""
-    rows, extra, anchors_n, taus, topks, missing, minutes = [], [], [], [], [], [], {}
+    rows: list[dict] = []
+    extra: list[dict] = []  # the rows of EXTRA_TRACKS
+    anchors_n, taus, topks, missing, minutes = [], [], [], [], {}
     for dataset, r in planned:
         res = _results(out, r.name)
         if res is None:
