@@ -50,21 +50,14 @@ class HopDC(PseudoSampling, Compensator):
 
     Two presets: :meth:`recommended` (the constructor's defaults, what ``{name: hopdc}`` in a
     config builds) and :meth:`paper` (exactly as the LR-RGDA paper [LR-RGDA] specifies:
-    ``{name: hopdc, defaults: paper}``). They differ in three values. ``match_moments``: on the
-    strategies benchmark (MiniLM fine-tuned with SeqFT on 100 WordNet classes in 10 tasks, LR-RGDA
-    head, 3 seeds; ``benchmarks/strategies/strategies.md``) the ``paper`` preset reaches 72.42
-    Last-Acc, below alpha1-SLDC's 75.00, because it re-estimates every covariance from fresh
-    pseudo-samples at every task and that sampling error compounds; with moment-matched
-    pseudo-samples it reaches 76.47 (3.65 to 4.6 points above the ``paper`` preset on every seed)
-    and the covariance error against the oracle after the last task falls from 0.91 to 0.35.
-    ``linear``: the drift is retrieved around alpha1-SLDC's linear map; on six SeqFT runs of
-    MiniLM (WordNet hypernyms and supersenses, three seeds each) that lifted the recommended
-    HopDC's mean Last-Acc from 69.45 to 71.08, against alpha1-SLDC's 70.76, and from 0.7-2.65
-    below alpha1-SLDC to at most 0.05 below it on every run
-    (``benchmarks/strategies/hopdc_linear.md``). ``shrink``: the retrieval is scaled by a factor
-    cross-validated on the anchors; on ten runs (SeqFT, SeqKD, NSP-SeqFT, LoRA-SeqFT and
-    LoRA-SeqKD) that kept HopDC within 0.35 of alpha1-SLDC on every run, where the unshrunk
-    retrieval was 0.80 below it on both LoRA runs (``benchmarks/strategies/hopdc_shrink.md``).
+    ``{name: hopdc, defaults: paper}``). They differ in three values. ``match_moments``: the
+    pseudo-samples are centred and whitened so that they carry each class's stored moments
+    exactly; the paper's fresh samples re-estimate every covariance at every task, and that
+    sampling error compounds. ``linear``: only what alpha1-SLDC's linear map leaves of the drift
+    is retrieved, so the map moves every class, also those far from the anchors. ``shrink``: the
+    retrieval is scaled by a factor cross-validated on the anchors, so where the anchors' drifts
+    are not predictable from their neighbours HopDC falls back towards that map. The
+    measurements behind each choice, on text and on images, are in ``docs/compensators.md``.
 
     Parameters
     ----------
