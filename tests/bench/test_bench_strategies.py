@@ -146,7 +146,7 @@ def test_every_planned_image_run_is_a_valid_experiment(tmp_path):
     cfg = images.ImageStrategiesConfig()
     planned = images.plan_runs(cfg, tmp_path)
     names = [r.name for _, r in planned]
-    assert len(names) == len(set(names)) == 2 * (4 + 2) + 2
+    assert len(names) == len(set(names)) == 2 * (4 + 2 + 2) + 2
     assert names[:2] == ["openclipart-seqft-seed1993", "cifar10-seqft-seed1993"]
     assert names[-2:] == ["openclipart-tables", "cifar10-tables"]
     for dataset, run in planned:

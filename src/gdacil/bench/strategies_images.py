@@ -22,8 +22,9 @@ tables: N in {256, 512, 1024, 2048} external anchors for HopDC and alpha1-SLDC, 
 {0.01, 0.05, 0.25, 1}, ``topk`` in {100, 200, 400} (LR-RGDA head).
 
 Runs go in priority order (SeqFT first seed on both sets, then SeqKD, LoRA-SeqFT, NSP-SeqFT,
-then two more SeqFT seeds, then the tables); each is a ``gdacil run`` in its own process under
-``OUT/runs/<run>/``, resumed from its checkpoints, and finished runs are kept. The data: Debian's
+then two more seeds of SeqFT and of LoRA-SeqFT, then the tables); each is a ``gdacil run`` in
+its own process under ``OUT/runs/<run>/``, resumed from its checkpoints, and finished runs are
+kept. The data: Debian's
 openclipart, and ``GDACIL_DATA`` holding ``cifar10/`` and ``caltech101/`` as
 ``scripts/feature_set_data.sh`` lays them out. Results: ``OUT/strategies_images.{json,md}``
 (accuracies in percent; ``runs``, ``anchors_n``, ``tau``, ``topk``; what had not finished is
@@ -71,7 +72,8 @@ class ImageStrategiesConfig:
     datasets: tuple[str, ...] = tuple(DATASETS)
     strategies: tuple[str, ...] = ("seqft", "seqkd", "lora_seqft", "nsp_seqft")
     seeds: tuple[int, ...] = (1993,)
-    extra_seeds: dict = field(default_factory=lambda: {"seqft": (1994, 1995)})
+    extra_seeds: dict = field(default_factory=lambda: {"seqft": (1994, 1995),
+                                                       "lora_seqft": (1994, 1995)})
     steps: int = 30
     size: int = 112
     anchors: int = 256
