@@ -17,15 +17,16 @@ Anchors come from another image set, as the paper takes ImageNet images: ``ancho
 trajectory per (set, strategy, seed) feeds the compensator tracks ``none``, ``sldc``
 (alpha1-SLDC as the paper ran it), ``hopdc`` (gdacil's default HopDC) and ``hopdc_paper``, and
 the heads LDA, SGD and LR-RGDA; ``hopdc_noshrink`` (the default HopDC without its
-cross-validated shrink) rides along on the same trajectories (``extra_runs``). Then, per set, one SeqFT trajectory with the paper's HopDC
-tables: N in {256, 512, 1024, 2048} external anchors for HopDC and alpha1-SLDC, ``tau`` in
-{0.01, 0.05, 0.25, 1}, ``topk`` in {100, 200, 400} (LR-RGDA head).
+cross-validated shrink) rides along on the same trajectories (``extra_runs``). Then, per set,
+one SeqFT trajectory with the paper's HopDC tables: N in {256, 512, 1024, 2048} external
+anchors for HopDC and alpha1-SLDC, ``tau`` in {0.01, 0.05, 0.25, 1}, ``topk`` in
+{100, 200, 400} (LR-RGDA head).
 
 Runs go in priority order (SeqFT first seed on both sets, then SeqKD, LoRA-SeqFT, NSP-SeqFT,
 then two more seeds of SeqFT and of LoRA-SeqFT, then the tables); each is a ``gdacil run`` in
 its own process under ``OUT/runs/<run>/``, resumed from its checkpoints, and finished runs are
-kept. The data: Debian's
-openclipart, and ``GDACIL_DATA`` holding ``cifar10/`` and ``caltech101/`` as
+kept. The data: Debian's openclipart, and ``GDACIL_DATA`` holding ``cifar10/`` and
+``caltech101/`` as
 ``scripts/feature_set_data.sh`` lays them out. Results: ``OUT/strategies_images.{json,md}``
 (accuracies in percent; ``runs``, ``anchors_n``, ``tau``, ``topk``; what had not finished is
 listed).
