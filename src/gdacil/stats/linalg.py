@@ -133,21 +133,34 @@ def top_eigh(A: torch.Tensor, rank: int, *, return_smallest: bool = False):
     matrix's upper triangle (``A`` is symmetric to round-off). Elsewhere the full decomposition
     of ``(A + A^T) / 2`` is taken; both agree to round-off.
     """
-    if (A.device.type == "cpu" and A.dtype in (torch.float32, torch.float64)
-            and 0 < rank < A.shape[-1] and A.numel() and _lapack() is not None):
-        d = A.shape[-1]
-        # LAPACK reads one triangle, here the upper one of each row-major matrix (the lower
-        # triangle of its column-major transpose, passed without a copy)
-        vectors, values, lowest = zip(*(lapack_top_eigh(a.T, rank)
-                                        for a in A.detach().reshape(-1, d, d).numpy()))
-        U = torch.from_numpy(np.stack(vectors)).reshape(*A.shape[:-1], rank)
-        s = torch.from_numpy(np.stack(values)).reshape(*A.shape[:-2], rank)
-        smallest = torch.tensor(lowest, dtype=A.dtype).reshape(A.shape[:-2])
-    else:
+    try:
+        U, s, smallest = _top_eigh_lapack(A, rank)
+    except LapackError:
+        # MRRR (?stemr) can fail to converge on tightly clustered eigenvalues of a finite
+        # matrix; the full divide-and-conquer decomposition does not (a NaN or inf still fails)
+        if not torch.isfinite(A).all():
+            raise
+        U = None
+    if U is None:
         full, V = torch.linalg.eigh(symmetrize(A))
         U, s, smallest = V.flip(-1)[..., :rank], full.flip(-1)[..., :rank], full[..., 0]
     s = s.clamp_min(0.0)
     return (U, s, smallest) if return_smallest else (U, s)
+
+
+def _top_eigh_lapack(A: torch.Tensor, rank: int):
+    """:func:`top_eigh` through :func:`lapack_top_eigh` where it applies, else ``(None,) * 3``."""
+    if not (A.device.type == "cpu" and A.dtype in (torch.float32, torch.float64)
+            and 0 < rank < A.shape[-1] and A.numel() and _lapack() is not None):
+        return None, None, None
+    d = A.shape[-1]
+    # LAPACK reads one triangle, here the upper one of each row-major matrix (the lower
+    # triangle of its column-major transpose, passed without a copy)
+    vectors, values, lowest = zip(*(lapack_top_eigh(a.T, rank)
+                                    for a in A.detach().reshape(-1, d, d).numpy()))
+    U = torch.from_numpy(np.stack(vectors)).reshape(*A.shape[:-1], rank)
+    s = torch.from_numpy(np.stack(values)).reshape(*A.shape[:-2], rank)
+    return U, s, torch.tensor(lowest, dtype=A.dtype).reshape(A.shape[:-2])
 
 
 def lapack_top_eigh(a: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray, float]:
@@ -193,9 +206,13 @@ def _lapack():
     return lapack
 
 
+class LapackError(ValueError):
+    """A LAPACK routine reported a failure (its ``info`` was not 0)."""
+
+
 def _check_lapack(info: int, routine: str) -> None:
     if info != 0:
-        raise ValueError(f"LAPACK ?{routine} failed (info={info}); the matrix holds NaN or inf, "
+        raise LapackError(f"LAPACK ?{routine} failed (info={info}); the matrix holds NaN or inf, "
                          "or is too ill-conditioned for its precision")
 
 
